@@ -1,0 +1,208 @@
+"""loopwright.toml: the workspace configuration, validated by pydantic.
+
+Two kinds of settings live in one file:
+- frozen ones ([benchmark], [paths], [noise]) decide the score; their canonical
+  hash is part of the frozen manifest, so changing them mid-campaign is tamper;
+- operational ones ([campaign], [budget], [[schedule]], [slack], [jira],
+  [webhook]) stay the user's to change between sessions.
+Secrets never appear here: only the *names* of environment variables.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+CONFIG_NAME = "loopwright.toml"
+FROZEN_SECTIONS = ("benchmark", "paths", "noise")
+
+
+class ConfigError(ValueError):
+    """A loopwright.toml problem, phrased as what to fix."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CampaignConfig(_Section):
+    tag: str = Field(default="main", pattern=r"^[A-Za-z0-9._-]{1,64}$")
+    agent: Literal["claude", "codex", "builtin"] = "builtin"
+
+
+class BenchmarkConfig(_Section):
+    time_budget: float = Field(default=30.0, gt=0, le=24 * 3600, description="training seconds per experiment")
+    grace_seconds: float = Field(default=60.0, ge=0, description="startup/export/eval allowance before the hard kill")
+    seq_len: int = Field(default=256, ge=8, le=65536)
+    eval_tokens: int = Field(default=65536, ge=1024)
+    metric: Literal["val_bpb"] = "val_bpb"
+    corpus: str = "stdlib"
+    tokenizer: Literal["byte", "bpe"] = "byte"
+    eval_timeout: float = Field(default=600.0, gt=0)
+
+
+class PathsConfig(_Section):
+    editable: list[str] = Field(default_factory=lambda: ["train.py"], min_length=1)
+    frozen: list[str] = Field(default_factory=lambda: [
+        "prepare.py", "program.md", "loopwright.toml", "AGENTS.md", "CLAUDE.md",
+        ".mcp.json", ".claude/**", ".codex/**", ".gitignore", ".git/**",
+    ])
+    hidden: list[str] = Field(default_factory=lambda: [".loopwright/data/test.bin"])
+    state_dir: str = ".loopwright"
+
+    @field_validator("editable", "frozen", "hidden")
+    @classmethod
+    def _relative(cls, v: list[str]) -> list[str]:
+        for p in v:
+            if p.startswith("/") or ".." in Path(p).parts:
+                raise ValueError(f"path {p!r} must be relative to the workspace and must not contain '..'")
+        return v
+
+    @model_validator(mode="after")
+    def _editable_not_frozen(self) -> "PathsConfig":
+        both = set(self.editable) & set(self.frozen)
+        if both:
+            raise ValueError(f"{sorted(both)} listed as both editable and frozen; keep each path in one list")
+        return self
+
+
+class NoiseConfig(_Section):
+    baseline_seeds: int = Field(default=3, ge=1, le=50)
+    k_sigma: float = Field(default=2.0, ge=0)
+    min_delta: float = Field(default=0.002, ge=0)
+    sigma_floor: float = Field(default=0.0005, ge=0)
+    retest_band: float = Field(default=0.5, ge=0, lt=1,
+                               description="gains in [(1-band)*threshold, threshold) get a retest verdict")
+    max_confirms: int = Field(default=2, ge=1, le=10)
+
+
+class BudgetConfig(_Section):
+    max_experiments: Optional[int] = Field(default=50, ge=1)
+    max_hours: Optional[float] = Field(default=8.0, gt=0)
+    max_cost_usd: Optional[float] = Field(default=20.0, ge=0)
+    target_metric: Optional[float] = None
+
+
+class ScheduleConfig(_Section):
+    cron: str
+    agent: Literal["claude", "codex", "builtin"] = "claude"
+    timezone: str = "UTC"
+    max_session_minutes: float = Field(default=120, gt=0)
+    grace_minutes: float = Field(default=60, ge=0, description="a missed fire older than this is skipped")
+
+    @field_validator("cron")
+    @classmethod
+    def _valid_cron(cls, v: str) -> str:
+        from croniter import croniter
+
+        if not croniter.is_valid(v, strict=True):
+            raise ValueError(f"{v!r} is not a valid 5-field cron expression (e.g. '0 1 * * *' = 01:00 daily)")
+        return v
+
+    @field_validator("timezone")
+    @classmethod
+    def _valid_tz(cls, v: str) -> str:
+        from zoneinfo import ZoneInfo
+
+        try:
+            ZoneInfo(v)
+        except Exception:
+            raise ValueError(f"unknown timezone {v!r}; use an IANA name such as 'UTC' or 'Europe/Berlin'") from None
+        return v
+
+
+class SlackConfig(_Section):
+    channel: Optional[str] = None
+    token_env: str = "SLACK_BOT_TOKEN"
+    webhook_url_env: str = "SLACK_WEBHOOK_URL"
+    base_url: Optional[str] = None  # override for tests / Slack-compatible servers
+    upload_plot: bool = True
+    crash_streak: int = Field(default=3, ge=1)
+
+
+class JiraConfig(_Section):
+    server: str
+    project: str
+    auth: Literal["cloud", "token"] = "cloud"
+    email_env: str = "JIRA_EMAIL"
+    token_env: str = "JIRA_API_TOKEN"
+    issue_type: str = "Task"
+    done_transition: str = "Done"
+
+
+class WebhookConfig(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8787, ge=1, le=65535)
+    github_secret_env: str = "LOOPWRIGHT_GITHUB_SECRET"
+    slack_signing_secret_env: str = "SLACK_SIGNING_SECRET"
+    jira_secret_env: str = "LOOPWRIGHT_JIRA_SECRET"
+    generic_secret_env: str = "LOOPWRIGHT_WEBHOOK_SECRET"
+    max_body_bytes: int = Field(default=1_000_000, ge=1024)
+    timestamp_window_s: int = Field(default=300, ge=10)
+    agent: Literal["claude", "codex", "builtin"] = "claude"
+
+
+class LoopwrightConfig(_Section):
+    campaign: CampaignConfig = Field(default_factory=CampaignConfig)
+    benchmark: BenchmarkConfig = Field(default_factory=BenchmarkConfig)
+    paths: PathsConfig = Field(default_factory=PathsConfig)
+    noise: NoiseConfig = Field(default_factory=NoiseConfig)
+    budget: BudgetConfig = Field(default_factory=BudgetConfig)
+    schedule: list[ScheduleConfig] = Field(default_factory=list)
+    slack: Optional[SlackConfig] = None
+    jira: Optional[JiraConfig] = None
+    webhook: WebhookConfig = Field(default_factory=WebhookConfig)
+
+    def frozen_hash(self) -> str:
+        """SHA-256 of the score-deciding sections, canonical JSON (whitespace/comments don't matter)."""
+        data = {name: getattr(self, name).model_dump(mode="json") for name in FROZEN_SECTIONS}
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+def _format_error(path: Path, err: ValidationError) -> str:
+    lines = [f"{path}: invalid configuration ({err.error_count()} problem(s)):"]
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key; remove it or check the spelling (see README, 'loopwright.toml')"
+        elif e["type"] == "missing":
+            msg = "required key is missing; add it"
+        lines.append(f"  - {key}: {msg}")
+    return "\n".join(lines)
+
+
+def parse_config(text: str, path: Path | str = CONFIG_NAME) -> LoopwrightConfig:
+    path = Path(path)
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML ({e}); fix the syntax or restore it with "
+                          f"`git checkout <pinned> -- {path.name}`") from None
+    try:
+        return LoopwrightConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_error(path, e)) from None
+
+
+def load_config(root: Path | str) -> LoopwrightConfig:
+    path = Path(root) / CONFIG_NAME
+    if not path.is_file():
+        raise ConfigError(f"{path} not found; is {root} a loopwright workspace? Create one with `loopwright init DIR`")
+    return parse_config(path.read_text(encoding="utf-8"), path)
+
+
+def dump_config(cfg: LoopwrightConfig) -> str:
+    """TOML text for a config, with None values dropped (TOML has no null)."""
+    import tomli_w
+
+    return tomli_w.dumps(cfg.model_dump(mode="json", exclude_none=True))
