@@ -1,0 +1,51 @@
+"""Campaign budgets: experiments, compute hours, agent cost, optional target."""
+from __future__ import annotations
+
+from typing import Optional
+
+from pydantic import BaseModel
+
+from .config import BudgetConfig
+from .ledger import Ledger
+
+
+class BudgetStatus(BaseModel):
+    experiments_used: int
+    experiments_left: Optional[int]
+    hours_used: float
+    hours_left: Optional[float]
+    cost_used_usd: float
+    cost_left_usd: Optional[float]
+    best_metric: Optional[float]
+    target_metric: Optional[float]
+    should_stop: bool
+    reasons: list[str]
+
+
+def check(ledger: Ledger, campaign_id: int, budget: BudgetConfig, best_metric: Optional[float] = None) -> BudgetStatus:
+    used = ledger.count_experiments(campaign_id, "status != 'running'")
+    hours = ledger.compute_hours(campaign_id)
+    cost = ledger.total_cost(campaign_id)
+    reasons: list[str] = []
+
+    exp_left = None if budget.max_experiments is None else max(0, budget.max_experiments - used)
+    if exp_left == 0:
+        reasons.append(f"experiment budget spent ({used}/{budget.max_experiments})")
+    hours_left = None if budget.max_hours is None else max(0.0, budget.max_hours - hours)
+    if hours_left is not None and hours_left <= 0:
+        reasons.append(f"time budget spent ({hours:.2f}/{budget.max_hours} h of experiments)")
+    cost_left = None if budget.max_cost_usd is None else max(0.0, budget.max_cost_usd - cost)
+    if cost_left is not None and cost_left <= 0 and budget.max_cost_usd is not None:
+        reasons.append(f"cost budget spent (${cost:.2f}/${budget.max_cost_usd:.2f})")
+    if budget.target_metric is not None and best_metric is not None and best_metric <= budget.target_metric:
+        reasons.append(f"target reached (best {best_metric:.4f} <= {budget.target_metric})")
+    campaign = ledger.campaign(campaign_id)
+    if campaign and campaign["status"] != "active":
+        reasons.append(f"campaign is {campaign['status']}")
+
+    return BudgetStatus(experiments_used=used, experiments_left=exp_left, hours_used=round(hours, 4),
+                        hours_left=None if hours_left is None else round(hours_left, 4),
+                        cost_used_usd=round(cost, 4),
+                        cost_left_usd=None if cost_left is None else round(cost_left, 4),
+                        best_metric=best_metric, target_metric=budget.target_metric,
+                        should_stop=bool(reasons), reasons=reasons)

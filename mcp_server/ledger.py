@@ -1,0 +1,382 @@
+"""The ledger: everything the loop remembers, in SQLite (WAL).
+
+One file per workspace (.loopwright/state.db). Schema changes are numbered
+migrations applied in order and tracked with PRAGMA user_version, so an old
+ledger is upgraded in place and nothing recorded is lost.
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Optional
+
+EXPERIMENT_STATUSES = ("running", "ok", "crash", "timeout", "rejected", "interrupted")
+VERDICTS = ("baseline", "keep", "discard", "retest")
+
+MIGRATIONS: list[str] = [
+    # 1: the initial schema
+    """
+    CREATE TABLE campaigns (
+        id INTEGER PRIMARY KEY,
+        tag TEXT NOT NULL UNIQUE,
+        branch TEXT NOT NULL,
+        pinned_commit TEXT NOT NULL,
+        best_commit TEXT,
+        best_experiment_id INTEGER,
+        status TEXT NOT NULL DEFAULT 'active',
+        created_at REAL NOT NULL,
+        ended_at REAL
+    );
+    CREATE TABLE experiments (
+        id INTEGER PRIMARY KEY,
+        campaign_id INTEGER NOT NULL REFERENCES campaigns(id),
+        commit_sha TEXT,
+        parent_commit TEXT,
+        description TEXT NOT NULL,
+        hypothesis TEXT,
+        status TEXT NOT NULL CHECK (status IN ('running','ok','crash','timeout','rejected','interrupted')),
+        verdict TEXT CHECK (verdict IN ('baseline','keep','discard','retest')),
+        verdict_reason TEXT,
+        is_baseline INTEGER NOT NULL DEFAULT 0,
+        confirm_of INTEGER REFERENCES experiments(id),
+        seed INTEGER,
+        val_bpb REAL,
+        test_bpb REAL,
+        training_seconds REAL,
+        total_seconds REAL,
+        eval_seconds REAL,
+        memory_gb REAL,
+        num_steps INTEGER,
+        num_params_m REAL,
+        lines_added INTEGER,
+        lines_removed INTEGER,
+        source_sha TEXT,
+        reason TEXT,
+        log_tail TEXT,
+        metrics_json TEXT,
+        session_id INTEGER,
+        started_at REAL NOT NULL,
+        finished_at REAL
+    );
+    CREATE INDEX experiments_campaign ON experiments(campaign_id, id);
+    CREATE INDEX experiments_source ON experiments(campaign_id, source_sha);
+    CREATE TABLE sessions (
+        id INTEGER PRIMARY KEY,
+        campaign_id INTEGER REFERENCES campaigns(id),
+        trigger TEXT NOT NULL,
+        agent TEXT NOT NULL,
+        started_at REAL NOT NULL,
+        ended_at REAL,
+        exit_code INTEGER,
+        turns INTEGER,
+        cost_usd REAL NOT NULL DEFAULT 0,
+        detail TEXT
+    );
+    CREATE TABLE notes (
+        id INTEGER PRIMARY KEY,
+        campaign_id INTEGER NOT NULL REFERENCES campaigns(id),
+        kind TEXT NOT NULL,
+        text TEXT NOT NULL,
+        experiment_id INTEGER REFERENCES experiments(id),
+        created_at REAL NOT NULL
+    );
+    CREATE TABLE events (
+        id INTEGER PRIMARY KEY,
+        campaign_id INTEGER REFERENCES campaigns(id),
+        kind TEXT NOT NULL,
+        payload TEXT NOT NULL,
+        created_at REAL NOT NULL
+    );
+    CREATE TABLE deliveries (
+        event_id INTEGER NOT NULL REFERENCES events(id),
+        sink TEXT NOT NULL,
+        status TEXT NOT NULL DEFAULT 'pending' CHECK (status IN ('pending','delivered','failed')),
+        attempts INTEGER NOT NULL DEFAULT 0,
+        next_attempt_at REAL NOT NULL DEFAULT 0,
+        last_error TEXT,
+        external_ref TEXT,
+        delivered_at REAL,
+        PRIMARY KEY (event_id, sink)
+    );
+    CREATE INDEX deliveries_due ON deliveries(sink, status, next_attempt_at);
+    """,
+    # 2: small key/value state (e.g. the Jira issue key of a campaign)
+    "CREATE TABLE kv (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+]
+
+# Columns an experiment row may be updated with (guards against typos reaching SQL).
+_EXPERIMENT_FIELDS = {
+    "commit_sha", "parent_commit", "description", "hypothesis", "status", "verdict", "verdict_reason",
+    "is_baseline", "confirm_of", "seed", "val_bpb", "test_bpb", "training_seconds", "total_seconds",
+    "eval_seconds", "memory_gb", "num_steps", "num_params_m", "lines_added", "lines_removed",
+    "source_sha", "reason", "log_tail", "metrics_json", "session_id", "finished_at",
+}
+
+
+class LedgerError(RuntimeError):
+    pass
+
+
+def _row(r: Optional[sqlite3.Row]) -> Optional[dict]:
+    return dict(r) if r is not None else None
+
+
+class Ledger:
+    """Thin, explicit access to state.db. Each public method is one transaction."""
+
+    def __init__(self, path: Path | str):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.conn = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+        self.conn.row_factory = sqlite3.Row
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.execute("PRAGMA synchronous=NORMAL")
+        self.conn.execute("PRAGMA foreign_keys=ON")
+        self.conn.execute("PRAGMA busy_timeout=30000")
+        self._migrate()
+
+    # -- plumbing -----------------------------------------------------------
+    @contextmanager
+    def tx(self) -> Iterator[sqlite3.Connection]:
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.conn
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        else:
+            self.conn.execute("COMMIT")
+
+    def _migrate(self) -> None:
+        version = self.conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > len(MIGRATIONS):
+            raise LedgerError(f"{self.path} has schema version {version}, newer than this loopwright "
+                              f"({len(MIGRATIONS)}); upgrade loopwright instead of downgrading the ledger")
+        for number in range(version, len(MIGRATIONS)):
+            with self.tx() as c:
+                # executescript would COMMIT mid-transaction; run statements one by one
+                for stmt in MIGRATIONS[number].split(";"):
+                    if stmt.strip():
+                        c.execute(stmt)
+                c.execute(f"PRAGMA user_version = {number + 1}")
+
+    @property
+    def schema_version(self) -> int:
+        return self.conn.execute("PRAGMA user_version").fetchone()[0]
+
+    def close(self) -> None:
+        self.conn.close()
+
+    # -- campaigns ----------------------------------------------------------
+    def create_campaign(self, tag: str, branch: str, pinned_commit: str) -> int:
+        with self.tx() as c:
+            if c.execute("SELECT 1 FROM campaigns WHERE tag=?", (tag,)).fetchone():
+                raise LedgerError(f"campaign tag {tag!r} already exists; choose another --tag")
+            cur = c.execute(
+                "INSERT INTO campaigns(tag, branch, pinned_commit, best_commit, created_at) VALUES (?,?,?,?,?)",
+                (tag, branch, pinned_commit, pinned_commit, time.time()))
+            return int(cur.lastrowid)
+
+    def campaign(self, campaign_id: Optional[int] = None, tag: Optional[str] = None) -> Optional[dict]:
+        if tag is not None:
+            return _row(self.conn.execute("SELECT * FROM campaigns WHERE tag=?", (tag,)).fetchone())
+        if campaign_id is not None:
+            return _row(self.conn.execute("SELECT * FROM campaigns WHERE id=?", (campaign_id,)).fetchone())
+        return _row(self.conn.execute("SELECT * FROM campaigns ORDER BY id DESC LIMIT 1").fetchone())
+
+    def set_best(self, campaign_id: int, commit: str, experiment_id: Optional[int]) -> None:
+        with self.tx() as c:
+            c.execute("UPDATE campaigns SET best_commit=?, best_experiment_id=? WHERE id=?",
+                      (commit, experiment_id, campaign_id))
+
+    def end_campaign(self, campaign_id: int, status: str = "ended") -> None:
+        with self.tx() as c:
+            c.execute("UPDATE campaigns SET status=?, ended_at=? WHERE id=?", (status, time.time(), campaign_id))
+
+    # -- experiments --------------------------------------------------------
+    def start_experiment(self, campaign_id: int, description: str, **fields: Any) -> int:
+        bad = set(fields) - _EXPERIMENT_FIELDS
+        if bad:
+            raise LedgerError(f"unknown experiment fields {sorted(bad)}")
+        fields.setdefault("status", "running")
+        cols = ["campaign_id", "description", "started_at", *fields]
+        vals = [campaign_id, description, time.time(), *fields.values()]
+        with self.tx() as c:
+            cur = c.execute(f"INSERT INTO experiments({','.join(cols)}) VALUES ({','.join('?' * len(cols))})", vals)
+            return int(cur.lastrowid)
+
+    def update_experiment(self, experiment_id: int, **fields: Any) -> None:
+        bad = set(fields) - _EXPERIMENT_FIELDS
+        if bad:
+            raise LedgerError(f"unknown experiment fields {sorted(bad)}")
+        if not fields:
+            return
+        sets = ", ".join(f"{k}=?" for k in fields)
+        with self.tx() as c:
+            cur = c.execute(f"UPDATE experiments SET {sets} WHERE id=?", (*fields.values(), experiment_id))
+            if cur.rowcount != 1:
+                raise LedgerError(f"experiment {experiment_id} does not exist")
+
+    def experiment(self, experiment_id: int) -> Optional[dict]:
+        return _row(self.conn.execute("SELECT * FROM experiments WHERE id=?", (experiment_id,)).fetchone())
+
+    def experiments(self, campaign_id: int, limit: Optional[int] = None, newest_first: bool = False,
+                    where: str = "", params: Iterable[Any] = ()) -> list[dict]:
+        sql = "SELECT * FROM experiments WHERE campaign_id=?" + (f" AND ({where})" if where else "")
+        sql += " ORDER BY id " + ("DESC" if newest_first else "ASC")
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        return [dict(r) for r in self.conn.execute(sql, (campaign_id, *params))]
+
+    def count_experiments(self, campaign_id: int, where: str = "", params: Iterable[Any] = ()) -> int:
+        sql = "SELECT COUNT(*) FROM experiments WHERE campaign_id=?" + (f" AND ({where})" if where else "")
+        return int(self.conn.execute(sql, (campaign_id, *params)).fetchone()[0])
+
+    def running_experiments(self) -> list[dict]:
+        return [dict(r) for r in self.conn.execute("SELECT * FROM experiments WHERE status='running'")]
+
+    def baseline_samples(self, campaign_id: int) -> list[float]:
+        rows = self.conn.execute(
+            "SELECT val_bpb FROM experiments WHERE campaign_id=? AND is_baseline=1 AND status='ok' "
+            "AND val_bpb IS NOT NULL ORDER BY id", (campaign_id,))
+        return [r[0] for r in rows]
+
+    def confirm_runs(self, experiment_id: int) -> list[dict]:
+        return [dict(r) for r in self.conn.execute(
+            "SELECT * FROM experiments WHERE confirm_of=? ORDER BY id", (experiment_id,))]
+
+    def compute_hours(self, campaign_id: int) -> float:
+        """Wall-clock hours spent in experiments (running ones count up to now)."""
+        now = time.time()
+        row = self.conn.execute(
+            "SELECT COALESCE(SUM(COALESCE(finished_at, ?) - started_at), 0) FROM experiments WHERE campaign_id=?",
+            (now, campaign_id)).fetchone()
+        return float(row[0]) / 3600.0
+
+    # -- sessions -----------------------------------------------------------
+    def start_session(self, campaign_id: Optional[int], trigger: str, agent: str, detail: str = "") -> int:
+        with self.tx() as c:
+            cur = c.execute("INSERT INTO sessions(campaign_id, trigger, agent, started_at, detail) VALUES (?,?,?,?,?)",
+                            (campaign_id, trigger, agent, time.time(), detail))
+            return int(cur.lastrowid)
+
+    def end_session(self, session_id: int, exit_code: Optional[int], turns: Optional[int] = None,
+                    cost_usd: float = 0.0, detail: Optional[str] = None) -> None:
+        with self.tx() as c:
+            c.execute("UPDATE sessions SET ended_at=?, exit_code=?, turns=?, cost_usd=?, "
+                      "detail=COALESCE(?, detail) WHERE id=?",
+                      (time.time(), exit_code, turns, float(cost_usd or 0.0), detail, session_id))
+
+    def session(self, session_id: int) -> Optional[dict]:
+        return _row(self.conn.execute("SELECT * FROM sessions WHERE id=?", (session_id,)).fetchone())
+
+    def sessions(self, campaign_id: Optional[int] = None) -> list[dict]:
+        if campaign_id is None:
+            return [dict(r) for r in self.conn.execute("SELECT * FROM sessions ORDER BY id")]
+        return [dict(r) for r in self.conn.execute("SELECT * FROM sessions WHERE campaign_id=? ORDER BY id",
+                                                   (campaign_id,))]
+
+    def total_cost(self, campaign_id: int) -> float:
+        row = self.conn.execute("SELECT COALESCE(SUM(cost_usd),0) FROM sessions WHERE campaign_id=?",
+                                (campaign_id,)).fetchone()
+        return float(row[0])
+
+    # -- notes --------------------------------------------------------------
+    def add_note(self, campaign_id: int, kind: str, text: str, experiment_id: Optional[int] = None) -> int:
+        with self.tx() as c:
+            cur = c.execute("INSERT INTO notes(campaign_id, kind, text, experiment_id, created_at) VALUES (?,?,?,?,?)",
+                            (campaign_id, kind, text, experiment_id, time.time()))
+            return int(cur.lastrowid)
+
+    def notes(self, campaign_id: int, limit: Optional[int] = None) -> list[dict]:
+        sql = "SELECT * FROM notes WHERE campaign_id=? ORDER BY id DESC" + (f" LIMIT {int(limit)}" if limit else "")
+        return [dict(r) for r in self.conn.execute(sql, (campaign_id,))]
+
+    # -- events and the connector outbox ------------------------------------
+    def add_event(self, campaign_id: Optional[int], kind: str, payload: dict,
+                  sinks: Iterable[str] = ()) -> int:
+        """Record an event; one pending delivery per sink is created in the same transaction."""
+        with self.tx() as c:
+            cur = c.execute("INSERT INTO events(campaign_id, kind, payload, created_at) VALUES (?,?,?,?)",
+                            (campaign_id, kind, json.dumps(payload, sort_keys=True), time.time()))
+            event_id = int(cur.lastrowid)
+            for sink in sinks:
+                c.execute("INSERT INTO deliveries(event_id, sink) VALUES (?,?)", (event_id, sink))
+            return event_id
+
+    def events(self, campaign_id: Optional[int] = None, kind: Optional[str] = None,
+               since_id: int = 0) -> list[dict]:
+        sql, args = "SELECT * FROM events WHERE id>?", [since_id]
+        if campaign_id is not None:
+            sql += " AND campaign_id=?"
+            args.append(campaign_id)
+        if kind is not None:
+            sql += " AND kind=?"
+            args.append(kind)
+        out = []
+        for r in self.conn.execute(sql + " ORDER BY id", args):
+            d = dict(r)
+            d["payload"] = json.loads(d["payload"])
+            out.append(d)
+        return out
+
+    def ensure_deliveries(self, sink: str, kinds: Optional[Iterable[str]] = None) -> int:
+        """Create pending deliveries for `sink` for events that have none (a sink added later)."""
+        sql = ("INSERT OR IGNORE INTO deliveries(event_id, sink) SELECT id, ? FROM events e WHERE NOT EXISTS "
+               "(SELECT 1 FROM deliveries d WHERE d.event_id=e.id AND d.sink=?)")
+        args: list[Any] = [sink, sink]
+        if kinds is not None:
+            kinds = list(kinds)
+            sql += f" AND e.kind IN ({','.join('?' * len(kinds))})"
+            args += kinds
+        with self.tx() as c:
+            return c.execute(sql, args).rowcount
+
+    def due_deliveries(self, sink: str, now: Optional[float] = None, limit: int = 50) -> list[dict]:
+        now = time.time() if now is None else now
+        rows = self.conn.execute(
+            "SELECT d.*, e.kind, e.payload, e.campaign_id, e.created_at FROM deliveries d JOIN events e "
+            "ON e.id=d.event_id WHERE d.sink=? AND d.status='pending' AND d.next_attempt_at<=? "
+            "ORDER BY d.event_id LIMIT ?", (sink, now, limit))
+        out = []
+        for r in rows:
+            d = dict(r)
+            d["payload"] = json.loads(d["payload"])
+            out.append(d)
+        return out
+
+    def mark_delivered(self, event_id: int, sink: str, external_ref: Optional[str] = None) -> None:
+        with self.tx() as c:
+            c.execute("UPDATE deliveries SET status='delivered', attempts=attempts+1, delivered_at=?, "
+                      "external_ref=COALESCE(?, external_ref), last_error=NULL WHERE event_id=? AND sink=?",
+                      (time.time(), external_ref, event_id, sink))
+
+    def mark_attempt_failed(self, event_id: int, sink: str, error: str, next_attempt_at: float,
+                            give_up: bool = False) -> None:
+        with self.tx() as c:
+            c.execute("UPDATE deliveries SET attempts=attempts+1, last_error=?, next_attempt_at=?, status=? "
+                      "WHERE event_id=? AND sink=?",
+                      (error[:500], next_attempt_at, "failed" if give_up else "pending", event_id, sink))
+
+    def set_delivery_ref(self, event_id: int, sink: str, external_ref: str) -> None:
+        """Remember a partial result (e.g. a posted message ts) so a retry does not duplicate it."""
+        with self.tx() as c:
+            c.execute("UPDATE deliveries SET external_ref=? WHERE event_id=? AND sink=?", (external_ref, event_id, sink))
+
+    def deliveries(self, sink: Optional[str] = None) -> list[dict]:
+        if sink is None:
+            return [dict(r) for r in self.conn.execute("SELECT * FROM deliveries ORDER BY event_id, sink")]
+        return [dict(r) for r in self.conn.execute("SELECT * FROM deliveries WHERE sink=? ORDER BY event_id", (sink,))]
+
+    # -- key/value for small bits of state (e.g. a Jira issue key per campaign)
+    def kv_get(self, key: str) -> Optional[str]:
+        r = self.conn.execute("SELECT value FROM kv WHERE key=?", (key,)).fetchone()
+        return r[0] if r else None
+
+    def kv_set(self, key: str, value: str) -> None:
+        with self.tx() as c:
+            c.execute("INSERT INTO kv(key, value) VALUES (?,?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                      (key, value))
