@@ -53,7 +53,7 @@ class BenchmarkConfig(_Section):
 class PathsConfig(_Section):
     editable: list[str] = Field(default_factory=lambda: ["train.py"], min_length=1)
     frozen: list[str] = Field(default_factory=lambda: [
-        "prepare.py", "program.md", "loopwright.toml", "AGENTS.md", "CLAUDE.md",
+        "prepare.py", "program.md", "loopwright.toml", "loopwright.lock", "AGENTS.md", "CLAUDE.md",
         ".mcp.json", ".claude/**", ".codex/**", ".gitignore", ".git/**",
     ])
     hidden: list[str] = Field(default_factory=lambda: [".loopwright/data/test.bin"])

@@ -170,6 +170,12 @@ class Ledger:
     def close(self) -> None:
         self.conn.close()
 
+    def __enter__(self) -> "Ledger":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     # -- campaigns ----------------------------------------------------------
     def create_campaign(self, tag: str, branch: str, pinned_commit: str) -> int:
         with self.tx() as c:
