@@ -128,6 +128,11 @@ def reset_to(root: Path, commit: str) -> None:
     r.head.reset(commit, index=True, working_tree=True)
 
 
+def move_branch(root: Path, commit: str) -> None:
+    """Point the current branch at `commit`, leaving the working tree as it is."""
+    repo(root).head.reset(commit, index=True, working_tree=False)
+
+
 def checkout_files(root: Path, commit: str, paths: list[str]) -> None:
     """Make the working tree's `paths` equal to their version at `commit` (no commit made)."""
     r = repo(root)

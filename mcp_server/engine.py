@@ -1,0 +1,599 @@
+"""The loop's operations: run an experiment, score it, revert, budgets, state.
+
+The MCP server, the CLI, the hooks and the built-in agent all go through this
+module. Errors are `LoopError`s whose message tells the caller what to do next.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import statistics
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, Optional
+
+from . import budget as budgetmod
+from . import gitops, integrity, runner, verdict
+from .ledger import Ledger
+from .models import (BaselineInfo, BudgetResult, ExperimentResult, ExperimentRow, NoiseInfo, NoteResult,
+                     NoteRow, RevertResult, ScoreResult, StateView, Summary)
+from .workspace import Workspace, sinks_for
+
+NOTE_KINDS = ("lesson", "dead_end", "idea", "observation")
+STATE_VIEWS = ("summary", "history", "best", "notes", "noise", "tried")
+PLATEAU_EVERY = 10
+
+
+class LoopError(RuntimeError):
+    """An error an agent can act on: the message says what to do next."""
+
+
+class Busy(LoopError):
+    pass
+
+
+class Engine:
+    def __init__(self, root: Path | str | None = None, recover: bool = True):
+        self.ws = Workspace.find(root) if root is None else Workspace.open(root)
+        self.ledger = self.ws.ledger()
+        self._campaign_cache: Optional[int] = None
+        if recover:
+            self.recover()
+
+    def close(self) -> None:
+        self.ledger.close()
+
+    # -- campaign and best ----------------------------------------------------
+    @property
+    def campaign(self) -> dict:
+        branch = gitops.current_branch(self.ws.root)
+        if branch and branch.startswith("loopwright/"):
+            c = self.ledger.campaign(tag=branch.split("/", 1)[1])
+            if c:
+                return c
+        raise LoopError(f"the workspace is on {branch or 'a detached HEAD'}, not a campaign branch; "
+                        f"check out one of: {', '.join(self._branches()) or '(none: run loopwright init)'}")
+
+    def _branches(self) -> list[str]:
+        return [r[0] for r in self.ledger.conn.execute("SELECT branch FROM campaigns ORDER BY id")]
+
+    def _samples(self, experiment_id: int) -> list[float]:
+        rows = [self.ledger.experiment(experiment_id)] + self.ledger.confirm_runs(experiment_id)
+        return [r["val_bpb"] for r in rows if r and r["status"] == "ok" and r["val_bpb"] is not None]
+
+    def best(self, c: Optional[dict] = None) -> tuple[Optional[float], int]:
+        """(mean metric of the best version, number of runs behind it)."""
+        c = c or self.campaign
+        if c["best_experiment_id"] is None:
+            base = self.ledger.baseline_samples(c["id"])
+            return (statistics.fmean(base), len(base)) if base else (None, 0)
+        s = self._samples(c["best_experiment_id"])
+        return statistics.fmean(s), len(s)
+
+    def sigma(self, c: dict) -> float:
+        return verdict.estimate_sigma(self.ledger.baseline_samples(c["id"]), self.ws.cfg.noise.sigma_floor)
+
+    # -- locking and recovery -------------------------------------------------
+    @contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        self.ws.state_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.ws.state_dir / "server.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise Busy("another experiment is running in this workspace (one at a time). Wait for it: "
+                           "call budget_check or state_read(view='history') in a minute.") from None
+            yield
+        finally:
+            os.close(fd)
+
+    def recover(self) -> list[int]:
+        """Mark experiments orphaned by a dead server as interrupted and clean the tree."""
+        running = self.ledger.running_experiments()
+        if not running:
+            return []
+        try:
+            with self._exclusive():
+                done = []
+                for r in running:
+                    runner.kill_stale(self.ws.run_dir(r["id"]))
+                    self.ledger.update_experiment(r["id"], status="interrupted", finished_at=time.time(),
+                                                  reason="the loop stopped during this experiment")
+                    done.append(r["id"])
+                c = self.ledger.campaign(r["campaign_id"])
+                if c and gitops.current_branch(self.ws.root) == c["branch"]:
+                    gitops.reset_to(self.ws.root, c["best_commit"])
+                return done
+        except Busy:
+            return []  # a live server is running them
+
+    # -- integrity ----------------------------------------------------------
+    def _integrity(self, c: dict, when: str) -> None:
+        mism = integrity.check(self.ws, c["pinned_commit"])
+        if not mism:
+            return
+        actions = integrity.restore(self.ws, c["pinned_commit"], mism)
+        self.ledger.add_event(c["id"], "tamper", {"files": [m.path for m in mism], "when": when,
+                                                  "detail": integrity.describe(mism), "action": actions},
+                              sinks=sinks_for(self.ws.cfg))
+        raise LoopError(f"integrity check failed {when}: {integrity.describe(mism)}. The pinned files were "
+                        f"restored and a tamper event was recorded; nothing was run or scored. Only "
+                        f"{', '.join(self.ws.cfg.paths.editable)} may change -- make your change there and "
+                        "call run_experiment again.")
+
+    # -- run_experiment -----------------------------------------------------------
+    def _editable_source(self) -> str:
+        parts = []
+        for rel in self.ws.cfg.paths.editable:
+            p = self.ws.root / rel
+            parts.append(f"### {rel}\n" + (p.read_text(encoding="utf-8", errors="replace") if p.is_file() else ""))
+        return "\n".join(parts)
+
+    @staticmethod
+    def _sha(text: str) -> str:
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def _committed_source(self, commit: str) -> str:
+        parts = []
+        for rel in self.ws.cfg.paths.editable:
+            try:
+                body = gitops.blob_bytes(self.ws.root, commit, rel).decode("utf-8", "replace")
+            except gitops.GitError:
+                body = ""
+            parts.append(f"### {rel}\n" + body)
+        return "\n".join(parts)
+
+    def _next_seed(self, experiment_id: int) -> int:
+        # The runner, not train.py, chooses seeds: a fresh one per run, reproducible from the ledger.
+        return 1000 + experiment_id
+
+    def run_experiment(self, description: str, hypothesis: Optional[str] = None,
+                       confirm_of: Optional[int] = None, on_progress: Optional[runner.ProgressFn] = None,
+                       session_id: Optional[int] = None) -> ExperimentResult:
+        description = (description or "").strip()
+        if not description:
+            raise LoopError("description is required: say in a few words what this experiment changes")
+        with self._exclusive():
+            c = self.campaign
+            status = self.budget(c)
+            if status.should_stop:
+                raise LoopError(f"the campaign budget is spent ({'; '.join(status.reasons)}); stop here.")
+            self._integrity(c, "before the run")
+            baseline = None
+            if len(self.ledger.baseline_samples(c["id"])) < self.ws.cfg.noise.baseline_seeds:
+                baseline = self._measure_baseline(c, on_progress, session_id)
+                if self._editable_source() == self._committed_source(c["best_commit"]) and confirm_of is None:
+                    return self._baseline_result(c, baseline)
+            if confirm_of is not None:
+                res = self._run_confirm(c, confirm_of, description, on_progress, session_id)
+            else:
+                res = self._run_candidate(c, description, hypothesis, on_progress, session_id)
+            res.baseline = baseline
+            return res
+
+    def _measure_baseline(self, c: dict, on_progress, session_id) -> BaselineInfo:
+        """Run the pinned train.py on N seeds; the agent's pending edit (if any) is put back afterwards."""
+        pending = {rel: (self.ws.root / rel).read_bytes() for rel in self.ws.cfg.paths.editable
+                   if (self.ws.root / rel).is_file()}
+        gitops.reset_to(self.ws.root, c["best_commit"])
+        try:
+            while len(self.ledger.baseline_samples(c["id"])) < self.ws.cfg.noise.baseline_seeds:
+                k = len(self.ledger.baseline_samples(c["id"])) + 1
+                exp = self._execute(c, f"baseline (seed run {k}/{self.ws.cfg.noise.baseline_seeds})", None,
+                                    c["best_commit"], c["best_commit"], on_progress, session_id, is_baseline=True)
+                if exp.status != "ok":
+                    raise LoopError(f"the baseline itself failed ({exp.status}: {exp.reason}). The benchmark "
+                                    f"is broken on this machine, not your change; log tail:\n{exp.log_tail}")
+        finally:
+            for rel, data in pending.items():
+                (self.ws.root / rel).write_bytes(data)
+        samples = self.ledger.baseline_samples(c["id"])
+        sig = self.sigma(c)
+        return BaselineInfo(samples=samples, mean=statistics.fmean(samples), sigma=sig,
+                            keep_threshold=verdict.threshold(sig, self.ws.cfg.noise, 1, len(samples)))
+
+    def _baseline_result(self, c: dict, baseline: BaselineInfo) -> ExperimentResult:
+        last = self.ledger.experiments(c["id"], limit=1, newest_first=True)[0]
+        return ExperimentResult(
+            experiment_id=last["id"], status="ok", val_bpb=baseline.mean, best_val_bpb=baseline.mean,
+            delta_vs_best=0.0, commit=c["best_commit"][:10], seed=last["seed"], baseline=baseline,
+            training_seconds=last["training_seconds"], total_seconds=last["total_seconds"],
+            eval_seconds=last["eval_seconds"], memory_gb=last["memory_gb"], num_steps=last["num_steps"],
+            next_step=(f"Baseline measured on {len(baseline.samples)} seeds: {baseline.mean:.4f} ± "
+                       f"{baseline.sigma:.4f}. A change needs a gain of about {baseline.keep_threshold:.4f} to be "
+                       "kept. Edit train.py and call run_experiment(description, hypothesis)."))
+
+    def _run_candidate(self, c, description, hypothesis, on_progress, session_id) -> ExperimentResult:
+        src = self._editable_source()
+        best_src = self._committed_source(c["best_commit"])
+        if src == best_src:
+            raise LoopError("train.py is identical to the best version: edit it first, then call run_experiment.")
+        if verdict.seed_only_change(best_src, src):
+            raise LoopError("this change only touches the random seed; a seed change can never be kept "
+                            "(the runner picks seeds). Try a real change to the model or training.")
+        sha = self._sha(src)
+        prior = self.ledger.experiments(c["id"], where="source_sha=? AND confirm_of IS NULL AND status!='interrupted'",
+                                        params=(sha,), limit=1)
+        if prior:
+            p = prior[0]
+            raise LoopError(f"exact repeat of experiment #{p['id']} ({p['description']!r}: status {p['status']}, "
+                            f"val_bpb {p['val_bpb']}, verdict {p['verdict']}). Try something else; "
+                            "state_read(view='tried') lists what was tried.")
+        self._abandon_pending_retests(c)
+        try:
+            commit, _ = gitops.commit_editable(self.ws.root, self.ws.cfg.paths.editable, self.ws.cfg.paths.state_dir,
+                                               f"experiment: {description}")
+        except gitops.GitError as e:
+            raise LoopError(str(e)) from None
+        assert commit is not None
+        return self._execute(c, description, hypothesis, commit, c["best_commit"], on_progress, session_id,
+                             source_sha=sha)
+
+    def _abandon_pending_retests(self, c: dict) -> None:
+        """A new candidate while a retest waits: the retest is discarded and the branch goes back to best."""
+        for r in self.ledger.experiments(c["id"], where="verdict='retest' AND confirm_of IS NULL"):
+            self.ledger.update_experiment(r["id"], verdict="discard",
+                                          verdict_reason="abandoned: a new experiment started before its confirm run")
+        if gitops.head_sha(self.ws.root) != c["best_commit"]:
+            gitops.move_branch(self.ws.root, c["best_commit"])
+
+    def _run_confirm(self, c, confirm_of, description, on_progress, session_id) -> ExperimentResult:
+        orig = self.ledger.experiment(confirm_of)
+        if orig is None or orig["campaign_id"] != c["id"]:
+            raise LoopError(f"experiment {confirm_of} does not exist in this campaign; "
+                            "state_read(view='history') lists experiment ids")
+        if orig["verdict"] != "retest":
+            raise LoopError(f"experiment {confirm_of} has verdict {orig['verdict']!r}; only a 'retest' verdict "
+                            "takes a confirm run")
+        if gitops.head_sha(self.ws.root) != orig["commit_sha"] or gitops.is_dirty(self.ws.root):
+            raise LoopError(f"the tree is not at experiment {confirm_of}'s commit (you edited train.py after the "
+                            "retest verdict). Call revert(to=%d) to go back to it, then run the confirm." % confirm_of)
+        return self._execute(c, description or f"confirm #{confirm_of}", orig["hypothesis"], orig["commit_sha"],
+                             orig["parent_commit"], on_progress, session_id, confirm_of=confirm_of,
+                             source_sha=orig["source_sha"])
+
+    def _execute(self, c, description, hypothesis, commit, parent, on_progress, session_id,
+                 is_baseline=False, confirm_of=None, source_sha=None) -> ExperimentResult:
+        added, removed = (0, 0) if commit == parent else gitops.diff_stats(
+            self.ws.root, parent, commit, self.ws.cfg.paths.editable[0])
+        eid = self.ledger.start_experiment(
+            c["id"], description, hypothesis=hypothesis, commit_sha=commit, parent_commit=parent,
+            is_baseline=int(is_baseline), confirm_of=confirm_of, source_sha=source_sha, lines_added=added,
+            lines_removed=removed, session_id=session_id)
+        seed = self._next_seed(eid)
+        self.ledger.update_experiment(eid, seed=seed)
+        run_dir = self.ws.run_dir(eid)
+        try:
+            tr = runner.run_training(self.ws, run_dir, seed, on_progress)
+            fields = dict(training_seconds=tr.summary.get("training_seconds"), total_seconds=round(tr.wall_seconds, 3),
+                          memory_gb=_mem_gb(tr.summary), num_steps=_int(tr.summary.get("num_steps")),
+                          num_params_m=tr.summary.get("num_params_M"), log_tail=tr.log_tail[-4000:])
+            status, reason, ev = tr.status, tr.reason, None
+            if tr.status == "ok":
+                # train.py ran arbitrary code: check the frozen files again before trusting anything.
+                mism = integrity.check(self.ws, c["pinned_commit"])
+                if mism:
+                    actions = integrity.restore(self.ws, c["pinned_commit"], mism)
+                    self.ledger.add_event(c["id"], "tamper", {"files": [m.path for m in mism], "when": "during the run",
+                                                              "experiment_id": eid, "action": actions},
+                                          sinks=sinks_for(self.ws.cfg))
+                    status, reason = "rejected", f"train.py changed frozen files while running: {integrity.describe(mism)}"
+                else:
+                    ev = runner.run_evaluation(self.ws, c["pinned_commit"], run_dir, tr.model_path)
+                    if not ev.ok:
+                        status, reason = "rejected", f"the evaluator rejected the model: {ev.reason}"
+            self.ledger.update_experiment(
+                eid, status=status, reason=reason or None, finished_at=time.time(),
+                val_bpb=ev.val_bpb if ev and ev.ok else None, test_bpb=ev.test_bpb if ev and ev.ok else None,
+                eval_seconds=ev.eval_seconds if ev else None,
+                verdict="baseline" if is_baseline and status == "ok" else None, **fields)
+        except BaseException as e:
+            self.ledger.update_experiment(eid, status="interrupted", finished_at=time.time(),
+                                          reason=f"loop error: {type(e).__name__}: {e}")
+            if not is_baseline:
+                gitops.reset_to(self.ws.root, c["best_commit"])
+            raise
+        row = self.ledger.experiment(eid)
+        if status != "ok" and not is_baseline:
+            self._after_failure(c, row, confirm_of)
+        return self._result(c, row)
+
+    def _after_failure(self, c: dict, row: dict, confirm_of: Optional[int]) -> None:
+        """A failed run is discarded at once and the tree goes back to the best commit."""
+        self.ledger.update_experiment(row["id"], verdict="discard", verdict_reason=row["reason"])
+        if confirm_of is not None:
+            self.ledger.update_experiment(confirm_of, verdict="discard",
+                                          verdict_reason=f"confirm run #{row['id']} failed: {row['reason']}")
+        gitops.reset_to(self.ws.root, c["best_commit"])
+        sinks = sinks_for(self.ws.cfg)
+        self.ledger.add_event(c["id"], "crash", {"experiment_id": row["id"], "status": row["status"],
+                                                 "reason": row["reason"], "description": row["description"]}, sinks)
+        recent = self.ledger.experiments(c["id"], limit=self._crash_streak_len(), newest_first=True,
+                                         where="is_baseline=0")
+        n = self._crash_streak_len()
+        if len(recent) == n and all(r["status"] in ("crash", "timeout", "rejected") for r in recent):
+            self.ledger.add_event(c["id"], "crash_streak", {"count": n, "last_reason": row["reason"]}, sinks)
+
+    def _crash_streak_len(self) -> int:
+        return self.ws.cfg.slack.crash_streak if self.ws.cfg.slack else 3
+
+    def _result(self, c: dict, row: dict) -> ExperimentResult:
+        best, _ = self.best(c)
+        delta = None if row["val_bpb"] is None or best is None else row["val_bpb"] - best
+        if row["status"] == "ok":
+            nxt = (f"Call score(experiment_id={row['confirm_of'] or row['id']}) for the verdict."
+                   if not row["is_baseline"] else "Baseline run recorded.")
+        elif row["status"] == "rejected":
+            nxt = "The run was rejected and discarded; the tree is back at the best commit. Read the reason."
+        else:
+            nxt = ("The run failed and was discarded; the tree is back at the best commit. Read log_tail, fix "
+                   "the problem in train.py and run again.")
+        return ExperimentResult(
+            experiment_id=row["id"], status=row["status"], val_bpb=row["val_bpb"], best_val_bpb=best,
+            delta_vs_best=None if delta is None else round(delta, 6), commit=(row["commit_sha"] or "")[:10],
+            seed=row["seed"], confirm_of=row["confirm_of"], training_seconds=row["training_seconds"],
+            total_seconds=row["total_seconds"], eval_seconds=row["eval_seconds"], memory_gb=row["memory_gb"],
+            num_steps=row["num_steps"], reason=row["reason"],
+            log_tail=None if row["status"] == "ok" else (row["log_tail"] or "")[-2500:], next_step=nxt)
+
+    # -- score ------------------------------------------------------------------
+    def score(self, experiment_id: Optional[int] = None) -> ScoreResult:
+        with self._exclusive():
+            c = self.campaign
+            exp = self._scorable(c, experiment_id)
+            self._integrity(c, "before scoring")
+            samples = self._samples(exp["id"])
+            best_mean, n_best = self.best(c)
+            if best_mean is None:
+                raise LoopError("no baseline yet: call run_experiment first (it measures the baseline)")
+            sig = self.sigma(c)
+            v = verdict.decide(samples, best_mean, n_best, sig, self.ws.cfg.noise)
+            ids = [exp["id"]] + [r["id"] for r in self.ledger.confirm_runs(exp["id"])]
+            for i in ids:
+                self.ledger.update_experiment(i, verdict=v.kind, verdict_reason=v.reason)
+            sinks = sinks_for(self.ws.cfg)
+            if v.kind == "keep":
+                previous = best_mean
+                self.ledger.set_best(c["id"], exp["commit_sha"], exp["id"])
+                base = self.ledger.baseline_samples(c["id"])
+                test = [r["test_bpb"] for r in [exp] + self.ledger.confirm_runs(exp["id"]) if r["test_bpb"]]
+                self.ledger.add_event(c["id"], "keep", {
+                    "experiment_id": exp["id"], "commit": exp["commit_sha"], "description": exp["description"],
+                    "val_bpb": statistics.fmean(samples), "previous_best": previous,
+                    "baseline": statistics.fmean(base) if base else None,
+                    "delta_vs_best": statistics.fmean(samples) - previous,
+                    "delta_vs_baseline": statistics.fmean(samples) - statistics.fmean(base) if base else None,
+                    "sigma": sig, "threshold": v.threshold, "tag": c["tag"],
+                    "test_bpb": statistics.fmean(test) if test else None,
+                    "test_divergence": self._test_divergence(c, exp, samples, test)}, sinks)
+                nxt = "Kept: the branch advanced. Write a note about what worked, then try the next idea."
+            elif v.kind == "retest":
+                nxt = (f"Too close to call. Do not edit train.py; call run_experiment(description='confirm', "
+                       f"confirm_of={exp['id']}) to measure it on a fresh seed, then score({exp['id']}) again.")
+            else:
+                gitops.reset_to(self.ws.root, c["best_commit"])
+                nxt = "Discarded: train.py is back at the best version. Note the dead end, then try something else."
+            self._maybe_plateau(c)
+            c = self.ledger.campaign(c["id"])
+            best_after, _ = self.best(c)
+            return ScoreResult(experiment_id=exp["id"], verdict=v.kind, gain=round(v.gain, 6),
+                               threshold=round(v.threshold, 6), sigma=round(sig, 6), samples=samples,
+                               best_val_bpb=best_after, best_commit=c["best_commit"][:10], reason=v.reason,
+                               next_step=nxt)
+
+    def _scorable(self, c: dict, experiment_id: Optional[int]) -> dict:
+        if experiment_id is None:
+            rows = self.ledger.experiments(c["id"], where="status='ok' AND is_baseline=0 AND confirm_of IS NULL "
+                                           "AND (verdict IS NULL OR verdict='retest')", newest_first=True, limit=1)
+            if not rows:
+                raise LoopError("nothing to score: run_experiment first (the last experiment already has a verdict)")
+            exp = rows[0]
+        else:
+            exp = self.ledger.experiment(int(experiment_id))
+            if exp is None or exp["campaign_id"] != c["id"]:
+                raise LoopError(f"experiment {experiment_id} does not exist in this campaign; "
+                                "state_read(view='history') lists experiment ids")
+            if exp["confirm_of"] is not None:
+                exp = self.ledger.experiment(exp["confirm_of"])
+        if exp["is_baseline"]:
+            raise LoopError(f"experiment {exp['id']} is a baseline run; baselines are not scored")
+        if exp["status"] != "ok":
+            raise LoopError(f"experiment {exp['id']} has status {exp['status']} and was discarded already "
+                            f"({exp['reason']}); nothing to score")
+        if exp["verdict"] in ("keep", "discard"):
+            raise LoopError(f"experiment {exp['id']} was already scored: {exp['verdict']}. Scores are final.")
+        if exp["verdict"] == "retest":
+            pending = [r for r in self.ledger.confirm_runs(exp["id"]) if r["verdict"] is None and r["status"] == "ok"]
+            if not pending:
+                raise LoopError(f"experiment {exp['id']} awaits a confirm run: call run_experiment("
+                                f"description='confirm', confirm_of={exp['id']}) first")
+        if exp["commit_sha"] != gitops.head_sha(self.ws.root):
+            raise LoopError(f"experiment {exp['id']} is not the current head (it was superseded); only the latest "
+                            "experiment can be scored")
+        return exp
+
+    def _test_divergence(self, c, exp, samples, test) -> bool:
+        """Flag a keep whose hidden-test gain is much smaller than its validation gain."""
+        base_rows = self.ledger.experiments(c["id"], where="is_baseline=1 AND status='ok' AND test_bpb IS NOT NULL")
+        if not test or not base_rows:
+            return False
+        val_gain = statistics.fmean(r["val_bpb"] for r in base_rows) - statistics.fmean(samples)
+        test_gain = statistics.fmean(r["test_bpb"] for r in base_rows) - statistics.fmean(test)
+        return val_gain > 0 and test_gain < 0.5 * val_gain - 2 * self.sigma(c)
+
+    def _maybe_plateau(self, c: dict) -> None:
+        since = self.ledger.count_experiments(
+            c["id"], "is_baseline=0 AND id > COALESCE((SELECT best_experiment_id FROM campaigns WHERE id=?), 0)",
+            (c["id"],))
+        if since and since % PLATEAU_EVERY == 0:
+            self.ledger.add_event(c["id"], "plateau", {"experiments_since_keep": since}, sinks_for(self.ws.cfg))
+
+    # -- revert -----------------------------------------------------------------
+    def revert(self, to: Optional[int] = None) -> RevertResult:
+        with self._exclusive():
+            c = self.campaign
+            if to is None:
+                commit, eid = c["best_commit"], c["best_experiment_id"]
+            else:
+                exp = self.ledger.experiment(int(to))
+                if exp is None or exp["campaign_id"] != c["id"]:
+                    raise LoopError(f"experiment {to} does not exist in this campaign")
+                if exp["verdict"] not in ("keep", "retest") and not exp["is_baseline"]:
+                    raise LoopError(f"experiment {to} has verdict {exp['verdict']!r}; revert goes to the best, a kept "
+                                    "experiment, a baseline, or a pending retest")
+                commit, eid = exp["commit_sha"], exp["id"]
+            if to is None or commit == c["best_commit"] or exp["verdict"] == "retest":
+                gitops.reset_to(self.ws.root, commit)   # the branch itself moves (best, or a pending retest)
+            else:
+                gitops.checkout_files(self.ws.root, commit, self.ws.cfg.paths.editable)
+            return RevertResult(commit=commit[:10], experiment_id=eid, files=self.ws.cfg.paths.editable,
+                                message=f"{', '.join(self.ws.cfg.paths.editable)} now match commit {commit[:10]}")
+
+    # -- budget, state, notes ------------------------------------------------------
+    def budget(self, c: Optional[dict] = None) -> BudgetResult:
+        c = c or self.campaign
+        best, _ = self.best(c)
+        st = budgetmod.check(self.ledger, c["id"], self.ws.cfg.budget, best)
+        stop = self.ledger.kv_get("stop_requested")
+        reasons = list(st.reasons) + ([f"stop requested: {stop}"] if stop else [])
+        should_stop = bool(reasons)
+        if should_stop and not self.ledger.kv_get(f"budget_spent_notified:{c['id']}"):
+            self.ledger.kv_set(f"budget_spent_notified:{c['id']}", "1")
+            self.ledger.add_event(c["id"], "budget_spent", {"reasons": reasons, "tag": c["tag"], "best": best},
+                                  sinks_for(self.ws.cfg))
+        nxt = ("Stop now: the budget is spent. Summarise what you learned with note()." if should_stop else
+               "Budget remains: keep going (state_read, edit train.py, run_experiment, score).")
+        return BudgetResult(**{**st.model_dump(), "reasons": reasons, "should_stop": should_stop},
+                            stop_requested=stop, next_step=nxt)
+
+    def state(self, view: str = "summary", limit: int = 20) -> StateView:
+        if view not in STATE_VIEWS:
+            raise LoopError(f"unknown view {view!r}; use one of {', '.join(STATE_VIEWS)}")
+        limit = max(1, min(int(limit), 500))
+        c = self.campaign
+        out = StateView(view=view)
+        if view == "summary":
+            out.summary = self.summary(c)
+            out.experiments = [ExperimentRow.from_row(r) for r in
+                               self.ledger.experiments(c["id"], limit=min(limit, 5), newest_first=True)]
+            out.notes = [NoteRow(**_pick(n, NoteRow)) for n in self.ledger.notes(c["id"], limit=min(limit, 5))]
+        elif view == "history":
+            out.experiments = [ExperimentRow.from_row(r) for r in
+                               self.ledger.experiments(c["id"], limit=limit, newest_first=True)]
+        elif view == "best":
+            if c["best_experiment_id"]:
+                out.best = ExperimentRow.from_row(self.ledger.experiment(c["best_experiment_id"]))
+            out.summary = self.summary(c)
+        elif view == "notes":
+            out.notes = [NoteRow(**_pick(n, NoteRow)) for n in self.ledger.notes(c["id"], limit=limit)]
+        elif view == "noise":
+            out.noise = self.noise(c)
+        elif view == "tried":
+            out.tried = [f"#{r['id']} {r['verdict'] or r['status']}: {r['description']}" for r in
+                         self.ledger.experiments(c["id"], where="is_baseline=0 AND confirm_of IS NULL")][-limit:]
+        return out
+
+    def noise(self, c: dict) -> NoiseInfo:
+        base = self.ledger.baseline_samples(c["id"])
+        sig = self.sigma(c)
+        n = self.ws.cfg.noise
+        return NoiseInfo(baseline_samples=base, baseline_mean=statistics.fmean(base) if base else None, sigma=sig,
+                         min_delta=n.min_delta, k_sigma=n.k_sigma,
+                         single_run_threshold=verdict.threshold(sig, n, 1, max(1, len(base))))
+
+    def summary(self, c: Optional[dict] = None) -> Summary:
+        c = c or self.campaign
+        best, _ = self.best(c)
+        base = self.ledger.baseline_samples(c["id"])
+        cnt = lambda w: self.ledger.count_experiments(c["id"], w)  # noqa: E731
+        pending = self.ledger.experiments(c["id"], where="status='ok' AND is_baseline=0 AND confirm_of IS NULL "
+                                          "AND verdict IS NULL")
+        retest = self.ledger.experiments(c["id"], where="verdict='retest' AND confirm_of IS NULL")
+        return Summary(tag=c["tag"], branch=c["branch"], pinned_commit=c["pinned_commit"][:10],
+                       best_commit=c["best_commit"][:10], best_experiment_id=c["best_experiment_id"],
+                       best_val_bpb=best, baseline_val_bpb=statistics.fmean(base) if base else None,
+                       experiments=cnt("is_baseline=0 AND confirm_of IS NULL"),
+                       kept=cnt("verdict='keep' AND confirm_of IS NULL"),
+                       discarded=cnt("verdict='discard' AND confirm_of IS NULL AND status='ok'"),
+                       crashed=cnt("status IN ('crash','timeout','rejected')"),
+                       pending_score=[r["id"] for r in pending], pending_retest=[r["id"] for r in retest],
+                       time_budget_s=self.ws.cfg.benchmark.time_budget)
+
+    def note(self, text: str, kind: str = "lesson", experiment_id: Optional[int] = None) -> NoteResult:
+        text = (text or "").strip()
+        if not text:
+            raise LoopError("note text is empty; write the lesson or dead end in a sentence or two")
+        if kind not in NOTE_KINDS:
+            raise LoopError(f"unknown note kind {kind!r}; use one of {', '.join(NOTE_KINDS)}")
+        if len(text) > 4000:
+            raise LoopError("note is longer than 4000 characters; keep notes short and specific")
+        c = self.campaign
+        if experiment_id is not None and self.ledger.experiment(experiment_id) is None:
+            raise LoopError(f"experiment {experiment_id} does not exist")
+        return NoteResult(note_id=self.ledger.add_note(c["id"], kind, text, experiment_id), kind=kind)
+
+
+def _pick(row: dict, model) -> dict:
+    return {k: row[k] for k in model.model_fields if k in row}
+
+
+def _mem_gb(summary: dict) -> Optional[float]:
+    mb = summary.get("peak_vram_mb") or summary.get("peak_memory_mb")
+    return None if mb is None else round(mb / 1024.0, 3)
+
+
+def _int(v) -> Optional[int]:
+    return None if v is None else int(v)
+
+
+# -- helpers for the hooks (kept cheap: no torch, no MCP) ------------------------
+
+def loop_status(root: Path | str) -> dict:
+    """For the Stop hook: should the agent stop, and if not, what next."""
+    eng = Engine(root, recover=False)
+    try:
+        b = eng.budget()
+        s = eng.summary()
+        if b.should_stop:
+            return {"should_stop": True, "reason": "; ".join(b.reasons), "next_step": b.next_step}
+        if s.pending_retest:
+            nxt = f"Experiment {s.pending_retest[-1]} awaits a confirm run: run_experiment(confirm_of={s.pending_retest[-1]})."
+        elif s.pending_score:
+            nxt = f"Experiment {s.pending_score[-1]} is not scored yet: call score({s.pending_score[-1]})."
+        else:
+            left = "" if b.experiments_left is None else f" ({b.experiments_left} experiments left)"
+            nxt = (f"Budget remains{left}. Do not stop and do not ask whether to continue: pick the next idea "
+                   "(suggest_next helps), edit train.py, call run_experiment, then score.")
+        return {"should_stop": False, "reason": "budget remains", "next_step": nxt}
+    finally:
+        eng.close()
+
+
+def session_summary(root: Path | str) -> str:
+    """For SessionStart: a short state summary so a new session resumes instead of restarting."""
+    eng = Engine(root, recover=False)
+    try:
+        s = eng.summary()
+        b = eng.budget()
+        lines = [f"loopwright campaign '{s.tag}' (branch {s.branch}). Read program.md; only train.py may be edited.",
+                 f"Best val_bpb: {s.best_val_bpb if s.best_val_bpb is not None else 'no baseline yet'} "
+                 f"(baseline {s.baseline_val_bpb}); {s.experiments} experiments, {s.kept} kept, {s.crashed} failed.",
+                 f"Budget: {b.experiments_left} experiments, {b.hours_left} h, ${b.cost_left_usd} left; "
+                 f"should_stop={b.should_stop}."]
+        recent = eng.ledger.experiments(eng.campaign["id"], limit=5, newest_first=True, where="is_baseline=0")
+        if recent:
+            lines.append("Recent: " + "; ".join(f"#{r['id']} {r['verdict'] or r['status']} {r['description'][:60]}"
+                                                for r in recent))
+        notes = eng.ledger.notes(eng.campaign["id"], limit=5)
+        if notes:
+            lines.append("Notes: " + "; ".join(f"[{n['kind']}] {n['text'][:120]}" for n in notes))
+        if s.pending_retest:
+            lines.append(f"Pending: confirm run for experiment {s.pending_retest[-1]}.")
+        elif s.pending_score:
+            lines.append(f"Pending: score({s.pending_score[-1]}).")
+        return "\n".join(lines)
+    finally:
+        eng.close()

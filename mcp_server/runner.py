@@ -1,0 +1,240 @@
+"""Run train.py under a budget, then the frozen evaluator in a fresh process.
+
+Training: train.py runs in its own process group with the seed and output path
+in a scrubbed environment (no secrets reach agent-written code); its output is
+logged under .loopwright/runs/<id>/ and parsed for progress; the whole group is
+killed at the hard limit (time budget + grace).
+
+Evaluation: the pinned commit's prepare.py blob (and config) is written to the
+run directory and started with `python -I -S` (no cwd, no PYTHONPATH, no .pth
+files, no sitecustomize), so no agent-written Python runs while scoring.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import sysconfig
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+from . import gitops
+from .workspace import Workspace
+
+ProgressFn = Callable[[int, float, float, float], None]   # step, loss, elapsed, remaining
+
+_PROGRESS = re.compile(r"step=(\d+)\s+loss=([-+0-9.eEnaif]+)\s+elapsed=([0-9.]+)\s+remaining=([-0-9.]+)")
+_SUMMARY = re.compile(r"^([a-zA-Z_][a-zA-Z0-9_]*):\s+(\S+)\s*$")
+
+# Environment variables passed to train.py; everything else (tokens, secrets) is dropped.
+_ENV_KEEP = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "TMPDIR", "TZ", "USER",
+             "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES",
+             "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE",
+             "OPENBLAS_L2_SIZE", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "CONDA_PREFIX", "XDG_CACHE_HOME")
+_ENV_KEEP_PREFIX = ("PYTORCH_", "TORCH_", "CUDA_", "NCCL_", "TRITON_", "HSA_", "ROCM_", "MPS_")
+
+
+def clean_env(extra: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k in _ENV_KEEP or k.startswith(_ENV_KEEP_PREFIX)}
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env.update(extra)
+    return env
+
+
+@dataclass
+class TrainResult:
+    status: str                       # ok | crash | timeout
+    exit_code: Optional[int]
+    reason: str
+    wall_seconds: float
+    summary: dict[str, float] = field(default_factory=dict)
+    log_tail: str = ""
+    model_path: Optional[Path] = None
+
+
+@dataclass
+class EvalResult:
+    ok: bool
+    reason: str
+    val_bpb: Optional[float] = None
+    test_bpb: Optional[float] = None
+    eval_seconds: Optional[float] = None
+    raw: dict = field(default_factory=dict)
+
+
+def _parse_summary(lines: list[str]) -> dict[str, float]:
+    """autoresearch's summary block: `key: value` lines after the last '---'."""
+    try:
+        start = len(lines) - 1 - lines[::-1].index("---")
+    except ValueError:
+        return {}
+    out: dict[str, float] = {}
+    for line in lines[start + 1:]:
+        m = _SUMMARY.match(line.strip())
+        if m:
+            try:
+                out[m.group(1)] = float(m.group(2))
+            except ValueError:
+                pass
+    return out
+
+
+def _kill_group(proc: subprocess.Popen, grace: float = 3.0) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def kill_stale(run_dir: Path) -> bool:
+    """Kill a training process group left behind by a server that died (pid file)."""
+    pid_file = run_dir / "train.pid"
+    if not pid_file.is_file():
+        return False
+    try:
+        pgid = int(pid_file.read_text().strip())
+        os.killpg(pgid, signal.SIGKILL)
+        return True
+    except (ValueError, ProcessLookupError, PermissionError):
+        return False
+    finally:
+        pid_file.unlink(missing_ok=True)
+
+
+def run_training(ws: Workspace, run_dir: Path, seed: int, on_progress: Optional[ProgressFn] = None,
+                 python: str = sys.executable) -> TrainResult:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    model_path = run_dir / "model.pt2"
+    model_path.unlink(missing_ok=True)
+    bench = ws.cfg.benchmark
+    hard_limit = bench.time_budget + bench.grace_seconds
+    env = clean_env({"LOOPWRIGHT_SEED": str(seed), "LOOPWRIGHT_EXPORT_PATH": str(model_path),
+                     "LOOPWRIGHT_RUN_DIR": str(run_dir), "PYTHONHASHSEED": str(seed)})
+    log_path = run_dir / "train.log"
+    t0 = time.monotonic()
+    lines: list[str] = []
+    with open(log_path, "w", encoding="utf-8") as log:
+        proc = subprocess.Popen([python, "train.py"], cwd=ws.root, env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+                                start_new_session=True, bufsize=1)
+        (run_dir / "train.pid").write_text(str(proc.pid))
+
+        def pump() -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                log.write(line)
+                line = line.rstrip("\n")
+                lines.append(line)
+                if len(lines) > 4000:
+                    del lines[:2000]
+                m = _PROGRESS.search(line)
+                if m and on_progress:
+                    try:
+                        on_progress(int(m.group(1)), float(m.group(2)), float(m.group(3)), float(m.group(4)))
+                    except Exception:  # noqa: BLE001 - a progress sink must never kill a run
+                        pass
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        timed_out = False
+        try:
+            proc.wait(timeout=hard_limit)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _kill_group(proc)
+        finally:
+            # train.py may have left children (dataloader workers): the group goes too.
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        reader.join(timeout=10)
+        (run_dir / "train.pid").unlink(missing_ok=True)
+    wall = time.monotonic() - t0
+    summary = _parse_summary(lines)
+    tail = "\n".join(lines[-30:])
+
+    if timed_out:
+        return TrainResult("timeout", None, f"killed at the hard limit of {hard_limit:.0f} s "
+                           f"(time budget {bench.time_budget:.0f} s + grace {bench.grace_seconds:.0f} s)",
+                           wall, summary, tail)
+    if proc.returncode != 0:
+        return TrainResult("crash", proc.returncode, f"train.py exited with code {proc.returncode}", wall,
+                           summary, tail)
+    loss_nan = any("loss=nan" in l.lower() or "loss=inf" in l.lower() for l in lines[-50:])
+    if loss_nan or any(isinstance(v, float) and math.isnan(v) for v in summary.values()):
+        return TrainResult("crash", 0, "training diverged (NaN/inf loss)", wall, summary, tail)
+    if not model_path.is_file():
+        return TrainResult("crash", 0, "train.py finished without exporting a model: it must end with "
+                           "prepare.export_model(model)", wall, summary, tail)
+    return TrainResult("ok", 0, "", wall, summary, tail, model_path)
+
+
+def _import_paths() -> list[str]:
+    """site-packages directories the evaluator needs (torch, numpy), passed explicitly under -S."""
+    paths = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+    for mod in ("torch", "numpy"):
+        spec = __import__("importlib.util").util.find_spec(mod)
+        if spec and spec.origin:
+            paths.add(str(Path(spec.origin).parent.parent))
+    return sorted(paths)
+
+
+_BOOTSTRAP = ("import os, sys, runpy; sys.path[:] = {paths!r} + [p for p in sys.path if p not in ('', '.', os.getcwd())]; "
+              "sys.argv = {argv!r}; "
+              "runpy.run_path(sys.argv[0], run_name='__main__')")
+
+
+def run_evaluation(ws: Workspace, pinned: str, run_dir: Path, model_path: Path,
+                   python: str = sys.executable) -> EvalResult:
+    eval_dir = run_dir / "eval"
+    eval_dir.mkdir(parents=True, exist_ok=True)
+    prepare = eval_dir / "prepare.py"
+    prepare.write_bytes(gitops.blob_bytes(ws.root, pinned, "prepare.py"))
+    (eval_dir / "loopwright.toml").write_bytes(gitops.blob_bytes(ws.root, pinned, "loopwright.toml"))
+    argv = [str(prepare), "evaluate", str(model_path), "--data-dir", str(ws.data_dir)]
+    code = _BOOTSTRAP.format(paths=_import_paths(), argv=argv)
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run([python, "-I", "-S", "-c", code], cwd=eval_dir, env=clean_env({}),
+                              capture_output=True, text=True, timeout=ws.cfg.benchmark.eval_timeout,
+                              start_new_session=True)
+    except subprocess.TimeoutExpired:
+        return EvalResult(False, f"evaluation exceeded {ws.cfg.benchmark.eval_timeout:.0f} s")
+    elapsed = time.monotonic() - t0
+    (run_dir / "eval.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
+    result = None
+    for line in reversed(proc.stdout.strip().splitlines()):
+        try:
+            result = json.loads(line)
+            break
+        except json.JSONDecodeError:
+            continue
+    if not isinstance(result, dict):
+        return EvalResult(False, f"evaluator crashed (exit {proc.returncode}): {proc.stderr.strip()[-600:]}")
+    (run_dir / "eval.json").write_text(json.dumps(result, indent=2))
+    if not result.get("ok"):
+        return EvalResult(False, str(result.get("reason", "rejected by the evaluator")), raw=result)
+    return EvalResult(True, "", float(result["val_bpb"]), _opt(result.get("test_bpb")),
+                      float(result.get("eval_seconds", elapsed)), result)
+
+
+def _opt(v) -> Optional[float]:
+    return None if v is None else float(v)

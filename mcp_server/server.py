@@ -1,0 +1,133 @@
+"""The MCP server: a thin layer over the engine (official `mcp` SDK 2.x).
+
+Every call opens its own Engine (its own SQLite connection), so a long
+run_experiment in a worker thread never shares a connection with a quick
+state_read. LoopErrors become ToolErrors whose text tells the agent what to do.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any, Callable, Literal, Optional
+
+import anyio
+import anyio.from_thread
+import anyio.to_thread
+from mcp.server import MCPServer
+from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import ToolAnnotations
+
+from . import __version__
+from .engine import Engine, LoopError
+from .models import BudgetResult, ExperimentResult, NoteResult, RevertResult, ScoreResult, StateView
+
+log = logging.getLogger("loopwright.server")
+
+INSTRUCTIONS = """loopwright runs a closed research loop on this workspace. Only train.py may be edited.
+Loop: state_read -> edit train.py -> run_experiment(description, hypothesis) -> score -> budget_check -> note.
+A 'retest' verdict means: run_experiment(confirm_of=ID) without editing, then score(ID).
+Never stop to ask whether to continue; stop only when budget_check says should_stop."""
+
+View = Literal["summary", "history", "best", "notes", "noise", "tried"]
+NoteKind = Literal["lesson", "dead_end", "idea", "observation"]
+
+
+def build_server(workspace: Path | str) -> MCPServer:
+    root = Path(workspace).expanduser().resolve()
+    Engine(root, recover=True).close()   # fail fast on a broken workspace; mark orphaned runs interrupted
+    server = MCPServer("loopwright", version=__version__, instructions=INSTRUCTIONS)
+
+    def call(fn: Callable[[Engine], Any]) -> Any:
+        try:
+            eng = Engine(root, recover=False)
+        except Exception as e:  # config/workspace problems are the user's to fix: say how
+            raise ToolError(f"loopwright cannot open the workspace {root}: {e}") from None
+        try:
+            return fn(eng)
+        except LoopError as e:
+            raise ToolError(str(e)) from None
+        except ToolError:
+            raise
+        except Exception as e:  # noqa: BLE001 - show the message; a hidden error helps nobody
+            log.exception("tool failed")
+            raise ToolError(f"internal error ({type(e).__name__}: {e}); the ledger is unchanged beyond what was "
+                            "recorded. Report this to the loopwright maintainers.") from None
+        finally:
+            eng.close()
+
+    async def in_thread(fn: Callable[[Engine], Any]) -> Any:
+        return await anyio.to_thread.run_sync(lambda: call(fn))
+
+    @server.tool(annotations=ToolAnnotations(title="Run an experiment", read_only_hint=False,
+                                             destructive_hint=False, idempotent_hint=False, open_world_hint=False))
+    async def run_experiment(description: str, ctx: Context, hypothesis: Optional[str] = None,
+                             confirm_of: Optional[int] = None) -> ExperimentResult:
+        """Commit the edited train.py, train it under the fixed time budget, evaluate it with the frozen
+        evaluator and record the result. The first call also measures the baseline on several seeds.
+        Returns metrics and, on failure, the log tail. Takes minutes; progress is reported."""
+        last = [0.0]
+
+        def progress(step: int, loss: float, elapsed: float, remaining: float) -> None:
+            now = time.monotonic()
+            if now - last[0] < 1.0:
+                return
+            last[0] = now
+            total = elapsed + max(0.0, remaining)
+            msg = f"step {step} loss {loss:.4f} {max(0.0, remaining):.0f}s left"
+            anyio.from_thread.run(lambda: ctx.report_progress(elapsed, total=total or None, message=msg))
+
+        return await in_thread(lambda e: e.run_experiment(description, hypothesis, confirm_of, on_progress=progress))
+
+    @server.tool(annotations=ToolAnnotations(title="Score an experiment", read_only_hint=False,
+                                             destructive_hint=True, idempotent_hint=False, open_world_hint=False))
+    async def score(experiment_id: Optional[int] = None) -> ScoreResult:
+        """Noise-aware verdict for the latest (or given) experiment: keep advances the branch, discard resets
+        train.py to the best version, retest asks for a confirm run on a fresh seed."""
+        return await in_thread(lambda e: e.score(experiment_id))
+
+    @server.tool(annotations=ToolAnnotations(title="Revert train.py", read_only_hint=False, destructive_hint=True,
+                                             idempotent_hint=True, open_world_hint=False))
+    async def revert(to: Optional[int] = None) -> RevertResult:
+        """Reset train.py to the best version, or to a kept / baseline / retest experiment's version."""
+        return await in_thread(lambda e: e.revert(to))
+
+    @server.tool(annotations=ToolAnnotations(title="Check the budget", read_only_hint=True, open_world_hint=False))
+    async def budget_check() -> BudgetResult:
+        """Remaining experiments, compute hours and agent cost; should_stop and why."""
+        return await in_thread(lambda e: e.budget())
+
+    @server.tool(annotations=ToolAnnotations(title="Read the loop state", read_only_hint=True,
+                                             open_world_hint=False))
+    async def state_read(view: View = "summary", limit: int = 20) -> StateView:
+        """The campaign state. Views: summary, history (recent experiments), best, notes, noise (baseline
+        seeds and the keep threshold), tried (every experiment's description)."""
+        return await in_thread(lambda e: e.state(view, limit))
+
+    @server.tool(annotations=ToolAnnotations(title="Record a note", read_only_hint=False, destructive_hint=False,
+                                             idempotent_hint=False, open_world_hint=False))
+    async def note(text: str, kind: NoteKind = "lesson", experiment_id: Optional[int] = None) -> NoteResult:
+        """Record a lesson, dead end, idea or observation for later sessions."""
+        return await in_thread(lambda e: e.note(text, kind, experiment_id))
+
+    _register_extensions(server, in_thread)
+    return server
+
+
+def _register_extensions(server: MCPServer, in_thread) -> None:
+    """Optional tools from other modules (search mechanisms), registered when present."""
+    try:
+        from .mechanisms import register_tools
+    except ImportError:
+        return
+    register_tools(server, in_thread)
+
+
+def serve(workspace: Path | str, http: bool = False, host: str = "127.0.0.1", port: int = 8765) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    server = build_server(workspace)
+    if http:
+        server.run("streamable-http", host=host, port=port)
+    else:
+        server.run()
