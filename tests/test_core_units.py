@@ -1,0 +1,178 @@
+"""Unit tests of the config model, the ledger, noise-aware verdicts and budgets."""
+import sqlite3
+import time
+
+import pytest
+
+from mcp_server import budget, verdict
+from mcp_server.config import (BudgetConfig, ConfigError, LoopwrightConfig, NoiseConfig, dump_config,
+                               parse_config)
+from mcp_server.ledger import Ledger, LedgerError, MIGRATIONS
+from mcp_server.tsv import COLUMNS, export_tsv
+
+
+# -- config -------------------------------------------------------------------
+
+def test_config_round_trip_and_frozen_hash_ignores_operational_sections():
+    cfg = LoopwrightConfig()
+    again = parse_config(dump_config(cfg))
+    assert again == cfg
+    changed_budget = parse_config(dump_config(cfg).replace("max_experiments = 50", "max_experiments = 7"))
+    assert changed_budget.budget.max_experiments == 7
+    assert changed_budget.frozen_hash() == cfg.frozen_hash()
+    changed_bench = parse_config(dump_config(cfg).replace("time_budget = 30.0", "time_budget = 31.0"))
+    assert changed_bench.frozen_hash() != cfg.frozen_hash()
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("[benchmark]\ntime_budget = -1\n", "benchmark.time_budget"),
+    ("[benchmark]\ntime_buget = 3\n", "benchmark.time_buget: unknown key"),
+    ("[[schedule]]\ncron = '61 * * * *'\n", "schedule.0.cron"),
+    ("[[schedule]]\ncron = '0 1 * * *'\ntimezone = 'Mars/Base'\n", "unknown timezone"),
+    ("[jira]\nproject = 'X'\n", "jira.server: required key is missing"),
+    ("[paths]\neditable = ['../x.py']\n", "must be relative"),
+    ("[campaign\n", "not valid TOML"),
+])
+def test_config_errors_name_the_key_and_the_fix(text, needle):
+    with pytest.raises(ConfigError) as e:
+        parse_config(text, "ws/loopwright.toml")
+    assert needle in str(e.value)
+
+
+# -- ledger -------------------------------------------------------------------
+
+def test_ledger_wal_and_migrations(tmp_path):
+    led = Ledger(tmp_path / "state.db")
+    assert led.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert led.schema_version == len(MIGRATIONS)
+    cid = led.create_campaign("t", "loopwright/t", "abc")
+    with pytest.raises(LedgerError, match="already exists"):
+        led.create_campaign("t", "loopwright/t", "abc")
+    led.close()
+    # a ledger at version 1 is upgraded in place without losing rows
+    raw = sqlite3.connect(tmp_path / "state.db")
+    raw.execute("DROP TABLE kv")
+    raw.execute("PRAGMA user_version = 1")
+    raw.commit()
+    raw.close()
+    led = Ledger(tmp_path / "state.db")
+    assert led.schema_version == len(MIGRATIONS)
+    assert led.campaign(cid)["tag"] == "t"
+    led.kv_set("k", "v")
+    assert led.kv_get("k") == "v"
+
+
+def test_ledger_refuses_a_newer_schema(tmp_path):
+    Ledger(tmp_path / "s.db").close()
+    raw = sqlite3.connect(tmp_path / "s.db")
+    raw.execute("PRAGMA user_version = 99")
+    raw.commit()
+    raw.close()
+    with pytest.raises(LedgerError, match="newer than this loopwright"):
+        Ledger(tmp_path / "s.db")
+
+
+def test_ledger_rejects_unknown_fields_and_missing_rows(tmp_path):
+    led = Ledger(tmp_path / "s.db")
+    cid = led.create_campaign("t", "b", "abc")
+    with pytest.raises(LedgerError, match="unknown experiment fields"):
+        led.start_experiment(cid, "x", val_bpbb=1.0)
+    with pytest.raises(LedgerError, match="does not exist"):
+        led.update_experiment(12345, status="ok")
+
+
+def test_outbox_delivery_lifecycle(tmp_path):
+    led = Ledger(tmp_path / "s.db")
+    cid = led.create_campaign("t", "b", "abc")
+    e1 = led.add_event(cid, "keep", {"val_bpb": 1.5}, sinks=["slack"])
+    e2 = led.add_event(cid, "tamper", {"files": ["prepare.py"]}, sinks=["slack"])
+    assert [d["event_id"] for d in led.due_deliveries("slack")] == [e1, e2]
+    led.mark_attempt_failed(e1, "slack", "HTTP 500", next_attempt_at=time.time() + 60)
+    assert [d["event_id"] for d in led.due_deliveries("slack")] == [e2]
+    led.mark_delivered(e2, "slack", external_ref="ts-1")
+    assert led.due_deliveries("slack") == []
+    assert [d["event_id"] for d in led.due_deliveries("slack", now=time.time() + 61)] == [e1]
+    # a sink configured later gets the backlog once
+    assert led.ensure_deliveries("jira", kinds=["keep"]) == 1
+    assert led.ensure_deliveries("jira", kinds=["keep"]) == 0
+    assert [d["kind"] for d in led.due_deliveries("jira")] == ["keep"]
+
+
+# -- verdicts -----------------------------------------------------------------
+
+NOISE = NoiseConfig(k_sigma=2.0, min_delta=0.001, sigma_floor=0.0005, retest_band=0.5, max_confirms=2)
+
+
+def test_sigma_estimate_has_a_floor():
+    assert verdict.estimate_sigma([1.0], 0.002) == 0.002
+    assert verdict.estimate_sigma([1.0, 1.0, 1.0], 0.002) == 0.002
+    assert verdict.estimate_sigma([1.0, 1.02, 0.98], 0.002) == pytest.approx(0.02)
+
+
+def test_keep_discard_retest_bands():
+    sigma = 0.01  # threshold for 1 run vs 3 baseline runs: 2 * 0.01 * sqrt(1 + 1/3) = 0.02309
+    bar = verdict.threshold(sigma, NOISE, 1, 3)
+    assert bar == pytest.approx(0.0230940, rel=1e-4)
+    assert verdict.decide([2.0 - 0.03], 2.0, 3, sigma, NOISE).kind == "keep"
+    assert verdict.decide([2.0 - 0.015], 2.0, 3, sigma, NOISE).kind == "retest"
+    assert verdict.decide([2.0 - 0.005], 2.0, 3, sigma, NOISE).kind == "discard"
+    assert verdict.decide([2.0 + 0.05], 2.0, 3, sigma, NOISE).kind == "discard"
+
+
+def test_confirm_runs_tighten_the_bar_and_are_bounded():
+    sigma = 0.01
+    # 0.02 gain: retest on one run, keep when two runs agree (bar shrinks with n)
+    assert verdict.decide([1.98], 2.0, 3, sigma, NOISE).kind == "retest"
+    assert verdict.decide([1.98, 1.98], 2.0, 3, sigma, NOISE).kind == "keep"
+    # a lucky first run that the confirm does not reproduce is discarded
+    assert verdict.decide([1.98, 2.0], 2.0, 3, sigma, NOISE).kind == "retest"  # mean gain 0.01 >= half the bar
+    assert verdict.decide([1.985, 2.0, 1.995], 2.0, 3, sigma, NOISE).kind == "discard"  # confirms exhausted
+
+
+def test_min_delta_dominates_when_noise_is_tiny():
+    noise = NoiseConfig(k_sigma=2.0, min_delta=0.01, sigma_floor=0.0)
+    assert verdict.decide([1.995], 2.0, 3, 1e-6, noise).kind != "keep"
+
+
+def test_seed_only_changes_are_detected():
+    old = "SEED = 0\nLR = 0.01\ntorch.manual_seed(SEED)\n"
+    assert verdict.seed_only_change(old, "SEED = 123\nLR = 0.01\ntorch.manual_seed(SEED)\n")
+    assert verdict.seed_only_change(old, "SEED = 0\nLR = 0.01\ntorch.manual_seed(42)  # lucky\n")
+    assert not verdict.seed_only_change(old, "SEED = 0\nLR = 0.02\ntorch.manual_seed(SEED)\n")
+    assert not verdict.seed_only_change(old, old)
+
+
+# -- budget -------------------------------------------------------------------
+
+def test_budget_counts_experiments_cost_and_target(tmp_path):
+    led = Ledger(tmp_path / "s.db")
+    cid = led.create_campaign("t", "b", "abc")
+    cfg = BudgetConfig(max_experiments=2, max_hours=1.0, max_cost_usd=1.0, target_metric=1.5)
+    st = budget.check(led, cid, cfg, best_metric=2.0)
+    assert not st.should_stop and st.experiments_left == 2
+    for _ in range(2):
+        e = led.start_experiment(cid, "x")
+        led.update_experiment(e, status="ok", finished_at=time.time())
+    st = budget.check(led, cid, cfg, best_metric=2.0)
+    assert st.should_stop and "experiment budget spent" in st.reasons[0]
+    sid = led.start_session(cid, "cron", "claude")
+    led.end_session(sid, 0, turns=3, cost_usd=1.25)
+    st = budget.check(led, cid, BudgetConfig(max_experiments=None, max_cost_usd=1.0), best_metric=2.0)
+    assert st.should_stop and "cost budget spent" in st.reasons[0] and st.cost_used_usd == 1.25
+    st = budget.check(led, cid, BudgetConfig(max_experiments=None, max_cost_usd=None, target_metric=2.5),
+                      best_metric=2.0)
+    assert st.should_stop and "target reached" in st.reasons[0]
+
+
+def test_results_tsv_keeps_autoresearch_columns_first(tmp_path):
+    led = Ledger(tmp_path / "s.db")
+    cid = led.create_campaign("t", "b", "abc")
+    e = led.start_experiment(cid, "baseline\twith tab", is_baseline=1, commit_sha="abcdef1234")
+    led.update_experiment(e, status="ok", val_bpb=1.234567, verdict="baseline", memory_gb=0.5)
+    e = led.start_experiment(cid, "bigger lr", commit_sha="1234567890")
+    led.update_experiment(e, status="crash", reason="exit 1")
+    lines = export_tsv(led, cid).splitlines()
+    assert lines[0].split("\t")[:5] == ["commit", "val_bpb", "memory_gb", "status", "description"]
+    assert len(lines[0].split("\t")) == len(COLUMNS)
+    assert lines[1].split("\t")[:5] == ["abcdef1", "1.234567", "0.500000", "keep", "baseline with tab"]
+    assert lines[2].split("\t")[3] == "crash"
