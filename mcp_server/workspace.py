@@ -193,7 +193,14 @@ def init_workspace(directory: Path | str, tag: str = "main", corpus: str = "stdl
     if existing:
         return _new_campaign(Workspace.open(root), tag, force)
 
-    if root.exists() and any(root.iterdir()):
+    src = bench_source_dir()
+    if corpus not in ("stdlib", "tinystories", "climbmix"):
+        if not Path(corpus).expanduser().exists():
+            raise WorkspaceError(f"--corpus {corpus!r}: no such file or folder; use stdlib, tinystories, climbmix "
+                                 "or a path to text files")
+        corpus = str(Path(corpus).expanduser().resolve())
+    fresh = not root.exists() or not any(root.iterdir())
+    if not fresh:
         if (root / ".git").exists() and not force:
             raise WorkspaceError(f"{root} is an existing git repository that is not a loopwright workspace; "
                                  "choose an empty directory, or pass --force to add a workspace to it")
@@ -201,9 +208,21 @@ def init_workspace(directory: Path | str, tag: str = "main", corpus: str = "stdl
             raise WorkspaceError(f"{root} is not empty; choose a new directory or pass --force")
         if (root / ".git").exists() and gitops.is_dirty(root):
             raise WorkspaceError(f"{root} has uncommitted changes; commit or stash them first")
-    root.mkdir(parents=True, exist_ok=True)
+    existed = root.exists()
+    try:
+        return _create(root, src, tag, corpus, time_budget, overrides)
+    except BaseException:
+        # A half-made workspace would block the next `init`: remove what this call created.
+        if fresh:
+            shutil.rmtree(root, ignore_errors=True)
+            if existed:
+                root.mkdir(parents=True, exist_ok=True)
+        raise
 
-    src = bench_source_dir()
+
+def _create(root: Path, src: Path, tag: str, corpus: str, time_budget: Optional[float],
+            overrides: Optional[dict]) -> Workspace:
+    root.mkdir(parents=True, exist_ok=True)
     for name in BENCH_FILES:
         shutil.copyfile(src / name, root / name)
 
@@ -252,7 +271,8 @@ def _new_campaign(ws: Workspace, tag: str, force: bool) -> Workspace:
         if gitops.is_dirty(ws.root) and not force:
             raise WorkspaceError(f"{ws.root} has uncommitted changes to tracked files; revert them "
                                  "(`loopwright revert`) or pass --force")
-        pinned = gitops.root_commit(ws.root)
+        first = ledger.conn.execute("SELECT pinned_commit FROM campaigns ORDER BY id LIMIT 1").fetchone()
+        pinned = first[0] if first else gitops.root_commit(ws.root)
         branch = gitops.campaign_branch(tag)
         gitops.create_branch(ws.root, branch, pinned, checkout=True)
         cid = ledger.create_campaign(tag, branch, pinned)
