@@ -182,8 +182,10 @@ def data_hashes(meta: dict) -> dict[str, str]:
 
 def init_workspace(directory: Path | str, tag: str = "main", corpus: str = "stdlib",
                    time_budget: Optional[float] = None, force: bool = False,
-                   overrides: Optional[dict] = None) -> Workspace:
+                   overrides: Optional[dict] = None, bench_dir: Optional[Path] = None) -> Workspace:
     """Create a workspace (or a new campaign in an existing one) and return it.
+
+    `bench_dir` holds prepare.py, train.py and program.md (default: the bundled GPT benchmark).
 
     Refuses an existing tag, and a dirty or foreign repository unless force=True.
     """
@@ -193,7 +195,10 @@ def init_workspace(directory: Path | str, tag: str = "main", corpus: str = "stdl
     if existing:
         return _new_campaign(Workspace.open(root), tag, force)
 
-    src = bench_source_dir()
+    src = Path(bench_dir) if bench_dir else bench_source_dir()
+    missing = [f for f in BENCH_FILES if not (src / f).is_file()]
+    if missing:
+        raise WorkspaceError(f"benchmark folder {src} lacks {', '.join(missing)}")
     if corpus not in ("stdlib", "tinystories", "climbmix"):
         if not Path(corpus).expanduser().exists():
             raise WorkspaceError(f"--corpus {corpus!r}: no such file or folder; use stdlib, tinystories, climbmix "

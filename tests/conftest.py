@@ -1,0 +1,72 @@
+"""Shared fixtures: small corpora and fast workspaces for loop tests."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BENCH = REPO / "bench" / "gpt"
+
+# Fast settings for loop tests: a few seconds of training, a small evaluation.
+FAST = {"benchmark": {"time_budget": 6.0, "grace_seconds": 45.0, "eval_tokens": 8192},
+        "noise": {"baseline_seeds": 2, "min_delta": 0.002},
+        "budget": {"max_experiments": 100, "max_hours": 10.0, "max_cost_usd": 10.0}}
+
+
+@pytest.fixture(autouse=True)
+def _no_proxy(monkeypatch):
+    for k in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(k, raising=False)
+
+
+def make_small_corpus(dest: Path, max_bytes: int = 400_000) -> Path:
+    """A few hundred KB of real text (standard-library sources), enough to learn something in seconds."""
+    dest.mkdir(parents=True, exist_ok=True)
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    total = 0
+    for sub in ("json", "email", "http", "logging", "urllib", "xml/dom", "importlib"):
+        for f in sorted((stdlib / sub).glob("*.py")):
+            data = f.read_bytes()
+            (dest / f"{sub.replace('/', '_')}_{f.name}.txt").write_bytes(data)
+            total += len(data)
+            if total >= max_bytes:
+                return dest
+    return dest
+
+
+@pytest.fixture(scope="session")
+def small_corpus(tmp_path_factory) -> Path:
+    return make_small_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+def hobbled_bench(dest: Path, lr: str = "0.0002") -> Path:
+    """The bundled benchmark with a deliberately low learning rate, so a known fix is a real gain."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in ("prepare.py", "program.md"):
+        shutil.copyfile(BENCH / name, dest / name)
+    src = (BENCH / "train.py").read_text()
+    src, n = re.subn(r"^LR = [0-9.e-]+", f"LR = {lr}", src, count=1, flags=re.M)
+    assert n == 1, "train.py must define LR as a top-level constant"
+    (dest / "train.py").write_text(src)
+    return dest
+
+
+def set_constant(path: Path, name: str, value: str) -> None:
+    src = path.read_text()
+    src, n = re.subn(rf"^{name} = [^\s#]+", f"{name} = {value}", src, count=1, flags=re.M)
+    assert n == 1, f"{name} not found in {path}"
+    path.write_text(src)
+
+
+def make_workspace(tmp: Path, corpus: Path, tag: str = "t", bench_dir: Path | None = None, **overrides):
+    from mcp_server.workspace import init_workspace
+
+    cfg = {k: dict(v) for k, v in FAST.items()}
+    for section, values in overrides.items():
+        cfg.setdefault(section, {}).update(values)
+    return init_workspace(tmp, tag=tag, corpus=str(corpus), overrides=cfg, bench_dir=bench_dir)
