@@ -1,0 +1,28 @@
+"""Small formatting helpers shared by the sinks (payloads may lack any key)."""
+from __future__ import annotations
+
+from typing import Optional
+
+
+def num(x, spec: str = ".4f") -> str:
+    try:
+        return format(float(x), spec)
+    except (TypeError, ValueError):
+        return "n/a"
+
+
+def keep_deltas(p: dict) -> tuple[Optional[float], Optional[float]]:
+    """(delta vs previous best, delta vs baseline) of a keep payload, derived when not given."""
+    def delta(given, ref):
+        if given is not None:
+            return given
+        try:
+            return float(p["val_bpb"]) - float(ref)
+        except (KeyError, TypeError, ValueError):
+            return None
+    return delta(p.get("delta_vs_best"), p.get("previous_best")), delta(p.get("delta_vs_baseline"), p.get("baseline"))
+
+
+def join(items, sep: str = ", ") -> str:
+    """A list payload field as text (tolerates a plain string)."""
+    return sep.join(map(str, items)) if isinstance(items, (list, tuple)) else str(items or "")

@@ -1,0 +1,200 @@
+"""Deliver ledger events to connectors: at least once, idempotent, never raising into the loop.
+
+Each (event, sink) pair is a row of the ledger's `deliveries` table. A pass takes
+a sink's due rows in event order, calls `sink.deliver(event)` and records the
+outcome in the row: delivered (with the external reference, e.g. a Slack ts or
+a Jira issue key), or a failed attempt with its error and the time of the next
+try (exponential backoff with jitter, or the server's Retry-After). After
+MAX_ATTEMPTS the row is marked `failed` and stays visible in `loopwright notify`.
+
+A sink that did part of the work before failing (Slack message posted, plot
+upload failed) saves that with `event.checkpoint(ref)`; the retry sees it in
+`event.external_ref` and does only the rest.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import random
+import re
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Mapping, Optional, Protocol
+
+log = logging.getLogger("loopwright.notify")
+
+MAX_ATTEMPTS = 8
+BASE_DELAY_S = 30.0
+MAX_DELAY_S = 3600.0
+BATCH = 50
+
+
+class DeliveryError(Exception):
+    """A sink's failure, already redacted. A `sink_wide` one (network, 5xx, 429, bad credentials)
+    would hit the next rows too, so it ends the sink's pass; others fail only their own row."""
+
+    def __init__(self, message: str, sink_wide: bool = False, retry_after: Optional[float] = None):
+        super().__init__(message)
+        self.sink_wide = sink_wide or retry_after is not None
+        self.retry_after = retry_after
+
+
+@dataclass
+class Event:
+    event_id: int
+    kind: str
+    payload: dict
+    campaign_id: Optional[int]
+    created_at: float
+    attempts: int                 # attempts made before this one
+    external_ref: Optional[str]   # what an earlier, partly successful attempt saved
+    checkpoint: Callable[[str], None] = lambda ref: None
+
+
+class Sink(Protocol):
+    name: str
+    kinds: frozenset[str]         # the event kinds this sink announces
+
+    def wants(self, kind: str) -> bool: ...
+
+    def deliver(self, event: Event) -> Optional[str]: ...
+
+
+@dataclass
+class SinkReport:
+    delivered: int = 0
+    retrying: int = 0
+    gave_up: int = 0
+    skipped: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass
+class DeliveryReport:
+    sinks: dict[str, SinkReport] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)   # e.g. "slack: SLACK_BOT_TOKEN is not set"
+
+    @property
+    def delivered(self) -> int:
+        return sum(s.delivered for s in self.sinks.values())
+
+    @property
+    def failed(self) -> int:
+        return sum(s.retrying + s.gave_up for s in self.sinks.values())
+
+    def __str__(self) -> str:
+        lines = [f"{name}: {s.delivered} delivered, {s.retrying} to retry, {s.gave_up} given up, "
+                 f"{s.skipped} skipped" + "".join(f"\n  - {e}" for e in s.errors)
+                 for name, s in self.sinks.items()]
+        return "\n".join(lines + self.notes) or "no sinks configured"
+
+
+def backoff_delay(attempts: int, rng: random.Random | None = None,
+                  base: float = BASE_DELAY_S, cap: float = MAX_DELAY_S) -> float:
+    """Delay before the next try after `attempts` failures: exponential, capped, with jitter
+    (half fixed, half random) so that many workspaces don't retry in lockstep."""
+    d = min(cap, base * 2 ** max(0, attempts - 1))
+    return d / 2 + (rng or random).uniform(0, d / 2)
+
+
+_SECRET_PATTERNS = [
+    (re.compile(r"xox[a-z]-[A-Za-z0-9-]+"), "xox*-***"),                                   # Slack tokens
+    (re.compile(r"hooks\.slack\.com/services/[A-Za-z0-9/_-]+"), "hooks.slack.com/services/***"),
+    (re.compile(r"(?i)\b(basic|bearer)\s+[A-Za-z0-9+/=._-]{8,}"), r"\1 ***"),                # auth headers
+]
+
+
+def redact(text: str, secret_values: Iterable[Optional[str]] = ()) -> str:
+    """`text` without the given secret values and anything shaped like a token or credential."""
+    for s in secret_values:
+        if s:
+            text = text.replace(s, "***")
+    for pat, repl in _SECRET_PATTERNS:
+        text = pat.sub(repl, text)
+    return text
+
+
+def ledger_uid(ledger) -> str:
+    """A random id for this ledger, made once; it marks our messages and issues so that a retry
+    after an ambiguous failure (a timeout) can find what the first attempt already created."""
+    uid = ledger.kv_get("ledger_uid")
+    if uid is None:
+        uid = secrets.token_hex(6)
+        ledger.kv_set("ledger_uid", uid)
+    return uid
+
+
+def build_sinks(cfg, ledger, env: Mapping[str, str] | None = None) -> tuple[list, list[str]]:
+    """The sinks `cfg` configures whose secrets are present, and a note for each that is not.
+    A sink left out keeps its rows pending: nothing is lost while a token is missing."""
+    from . import jira as jira_mod, slack as slack_mod
+
+    env = os.environ if env is None else env
+    sinks, notes = [], []
+    for make, section in ((slack_mod.SlackSink.from_config, cfg.slack), (jira_mod.JiraSink.from_config, cfg.jira)):
+        if section is None:
+            continue
+        sink, note = make(section, ledger, env)
+        if sink is not None:
+            sinks.append(sink)
+        if note:
+            notes.append(note)
+    return sinks, notes
+
+
+def deliver_pending(ledger, cfg, sinks: Optional[list] = None, now: Optional[float] = None, *,
+                    max_attempts: int = MAX_ATTEMPTS, rng: random.Random | None = None,
+                    env: Mapping[str, str] | None = None) -> DeliveryReport:
+    """One delivery pass over every sink's due rows. Never raises: every failure ends up in a
+    delivery row (or, if the ledger itself fails, in the report's notes)."""
+    report = DeliveryReport()
+    try:
+        if sinks is None:
+            sinks, report.notes = build_sinks(cfg, ledger, env)
+        for sink in sinks:
+            report.sinks[sink.name] = rep = SinkReport()
+            try:
+                _deliver_sink(ledger, sink, time.time() if now is None else now, rep, max_attempts, rng)
+            except Exception as e:  # a ledger problem mid-pass; the loop must go on
+                log.exception("delivery pass for %s failed", sink.name)
+                rep.errors.append(f"delivery pass stopped: {type(e).__name__}: {e}")
+    except Exception as e:
+        log.exception("delivery pass failed")
+        report.notes.append(f"delivery pass failed: {type(e).__name__}: {e}")
+    return report
+
+
+def _deliver_sink(ledger, sink, now: float, rep: SinkReport, max_attempts: int, rng) -> None:
+    # events recorded without this sink (or before it was configured) get a row too
+    ledger.ensure_deliveries(sink.name, kinds=sorted(sink.kinds))
+    for row in ledger.due_deliveries(sink.name, now=now, limit=BATCH):
+        eid = row["event_id"]
+        if not sink.wants(row["kind"]):
+            ledger.mark_delivered(eid, sink.name, "skipped")
+            rep.skipped += 1
+            continue
+        event = Event(eid, row["kind"], row["payload"], row["campaign_id"], row["created_at"],
+                      row["attempts"], row["external_ref"],
+                      checkpoint=lambda ref, eid=eid: ledger.set_delivery_ref(eid, sink.name, ref))
+        try:
+            ref = sink.deliver(event)
+        except Exception as e:
+            err = e if isinstance(e, DeliveryError) else DeliveryError(f"{type(e).__name__}: {e}")
+            attempts = row["attempts"] + 1
+            give_up = attempts >= max_attempts
+            delay = max(backoff_delay(attempts, rng), err.retry_after or 0.0)
+            ledger.mark_attempt_failed(eid, sink.name, str(err), now + delay, give_up=give_up)
+            msg = f"event {eid} ({row['kind']}): {err}"
+            rep.errors.append(msg)
+            log.warning("%s delivery %s; %s", sink.name, msg,
+                        "giving up" if give_up else f"retrying in {delay:.0f}s")
+            if give_up:
+                rep.gave_up += 1
+            else:
+                rep.retrying += 1
+            if err.sink_wide:
+                break
+            continue
+        ledger.mark_delivered(eid, sink.name, ref)
+        rep.delivered += 1

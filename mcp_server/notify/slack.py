@@ -1,0 +1,269 @@
+"""Slack sink: a Block Kit message per kept improvement (with the progress plot), alerts, summaries.
+
+Two modes: a bot token (chat.postMessage, plot uploaded into the message's thread)
+or an incoming webhook (message only). The token is read from the environment
+variable named in [slack] and lives only in the client object: it is never
+written, never logged (the SDK's debug log, which prints headers, is silenced)
+and redacted from error text.
+
+Posting is made idempotent across retries in two ways:
+- once chat.postMessage succeeded, its ts is saved (`checkpoint`), so a retry
+  after a failed plot upload only uploads;
+- a retry after an ambiguous failure (a timeout: did Slack post it?) first looks
+  for the message in the channel history by the metadata every message carries
+  (needs the channels:history scope; without it the retry posts again, i.e. at
+  least once). Webhook mode cannot look, so it is at least once.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Mapping, Optional
+
+from slack_sdk import WebClient
+from slack_sdk.errors import SlackApiError
+from slack_sdk.webhook import WebhookClient
+
+from .fmt import join, keep_deltas, num
+from .outbox import DeliveryError, Event, ledger_uid, redact
+
+log = logging.getLogger("loopwright.notify.slack")
+# The SDK logs request headers (the bearer token) at DEBUG; give it a logger that never does.
+_sdk_log = logging.getLogger("loopwright.notify.slack.sdk")
+_sdk_log.setLevel(logging.INFO)
+
+KINDS = frozenset({"keep", "crash_streak", "tamper", "plateau", "budget_spent", "session_end",
+                   "campaign_start", "campaign_end"})
+METADATA_TYPE = "loopwright_event"
+# errors that every later message would hit too: stop the pass instead of burning their attempts
+SINK_WIDE_ERRORS = {"invalid_auth", "not_authed", "token_revoked", "token_expired", "account_inactive",
+                    "channel_not_found", "not_in_channel", "is_archived", "ratelimited"}
+HEADER_MAX = 150
+
+
+# -- rendering (pure functions of the payload) ---------------------------------
+def _esc(text) -> str:
+    """Agent-written text must not become mentions (<!channel>) or links: escape Slack's controls."""
+    return str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _header(text: str) -> dict:
+    if len(text) > HEADER_MAX:
+        text = text[:HEADER_MAX - 1] + "…"
+    return {"type": "header", "text": {"type": "plain_text", "text": text, "emoji": True}}
+
+
+def _section(text: str) -> dict:
+    return {"type": "section", "text": {"type": "mrkdwn", "text": text[:2900]}}
+
+
+def _context(text: str) -> dict:
+    return {"type": "context", "elements": [{"type": "mrkdwn", "text": text[:2900]}]}
+
+
+def _fields(pairs: list[tuple[str, str]]) -> dict:
+    return {"type": "section", "fields": [{"type": "mrkdwn", "text": f"*{k}*\n{v}"[:2000]} for k, v in pairs[:10]]}
+
+
+def _keep(p: dict, tag: str) -> tuple[str, list[dict]]:
+    val, best, base = p.get("val_bpb"), p.get("previous_best"), p.get("baseline")
+    d_best, d_base = keep_deltas(p)
+    title = f"New best val_bpb {num(val)} ({num(d_best, '+.4f')}) · {tag}"
+    if p.get("test_divergence"):
+        check = f":warning: test_bpb {num(p.get('test_bpb'))} diverges from val: possible overfitting or leakage"
+    elif p.get("test_bpb") is not None:
+        check = f"test_bpb {num(p.get('test_bpb'))} · consistent with val"
+    else:
+        check = "n/a"
+    commit = str(p.get("commit") or "")[:12] or "n/a"
+    blocks = [
+        _header(title),
+        _fields([
+            ("val_bpb", f"`{num(val, '.6f')}`"),
+            ("vs previous best", f"{num(d_best, '+.6f')} (was {num(best, '.6f')})"),
+            ("vs baseline", f"{num(d_base, '+.6f')} (baseline {num(base, '.6f')})"),
+            ("Noise", f"σ {num(p.get('sigma'), '.5f')} · threshold {num(p.get('threshold'), '.5f')}"),
+            ("Commit", f"`{_esc(commit)}`"),
+            ("Hidden test", check),
+        ]),
+        _section(_esc(p.get("description") or "(no description)")),
+        _context(f"experiment #{_esc(p.get('experiment_id', '?'))} · campaign `{_esc(tag)}`"),
+    ]
+    return title, blocks
+
+
+def render(kind: str, p: dict, tag: str) -> tuple[str, list[dict]]:
+    """(fallback text, blocks) for one event; tolerant of missing payload keys."""
+    if kind == "keep":
+        return _keep(p, tag)
+    if kind == "crash_streak":
+        title = f"{p.get('count', '?')} crashes in a row · {tag}"
+        body = f":rotating_light: Last reason: {_esc(p.get('last_reason') or 'unknown')}"
+    elif kind == "tamper":
+        title = f"Tamper attempt on frozen files · {tag}"
+        body = (f":lock: Files: {_esc(join(p.get('files')) or 'n/a')}\n"
+                f"Action taken: {_esc(p.get('action') or 'n/a')}")
+    elif kind == "plateau":
+        title = f"Plateau · {tag}"
+        body = f":hourglass: {p.get('experiments_since_keep', '?')} experiments since the last keep"
+    elif kind == "budget_spent":
+        title = f"Budget spent · {tag}"
+        body = ":checkered_flag: " + _esc(join(p.get("reasons"), "; ") or "budget exhausted")
+    elif kind == "session_end":
+        title = f"Session ended ({p.get('agent', '?')}, {p.get('trigger', '?')}) · {tag}"
+        body = (f"exit {_esc(p.get('exit_code', '?'))} · cost ${num(p.get('cost_usd'), '.2f')} · "
+                f"{_esc(p.get('turns', '?'))} turns · {_esc(p.get('experiments', '?'))} experiments · "
+                f"{_esc(p.get('kept', '?'))} kept")
+    elif kind in ("campaign_start", "campaign_end"):
+        verb = "started" if kind == "campaign_start" else "ended"
+        title = f"Campaign {tag} {verb}"
+        body = f"best {num(p.get('best'))} · baseline {num(p.get('baseline'))}"
+    else:
+        title, body = f"{kind} · {tag}", _esc(p)
+    return title, [_header(title), _section(body)]
+
+
+# -- the sink ------------------------------------------------------------------
+class SlackSink:
+    name = "slack"
+    kinds = KINDS
+
+    def __init__(self, cfg, ledger, *, token: Optional[str] = None, webhook_url: Optional[str] = None,
+                 timeout: int = 10):
+        if not token and not webhook_url:
+            raise ValueError("SlackSink needs a bot token or an incoming webhook URL")
+        self.cfg, self.ledger = cfg, ledger
+        self._secrets = (token, webhook_url)
+        # retry_handlers=[]: the outbox retries; an SDK-internal retry could post twice
+        if token:
+            kw = {"base_url": cfg.base_url} if cfg.base_url else {}
+            self.client = WebClient(token=token, timeout=timeout, logger=_sdk_log, retry_handlers=[], **kw)
+            self.webhook = None
+        else:
+            self.client = None
+            self.webhook = WebhookClient(webhook_url, timeout=timeout, logger=_sdk_log, retry_handlers=[])
+
+    @classmethod
+    def from_config(cls, cfg, ledger, env: Mapping[str, str]) -> tuple[Optional["SlackSink"], Optional[str]]:
+        token, url = env.get(cfg.token_env), env.get(cfg.webhook_url_env)
+        if token:
+            if not cfg.channel:
+                return None, ("slack: [slack] channel is not set; add e.g. channel = \"C0123456789\" "
+                              "(deliveries stay pending)")
+            return cls(cfg, ledger, token=token), None
+        if url:
+            return cls(cfg, ledger, webhook_url=url), None
+        return None, (f"slack: neither ${cfg.token_env} nor ${cfg.webhook_url_env} is set "
+                      "(deliveries stay pending until one is)")
+
+    def wants(self, kind: str) -> bool:
+        return kind in self.kinds
+
+    def _tag(self, event: Event) -> str:
+        tag = event.payload.get("tag")
+        if not tag and event.campaign_id is not None:
+            row = self.ledger.campaign(event.campaign_id)
+            tag = row and row["tag"]
+        return str(tag or "loopwright")
+
+    def deliver(self, event: Event) -> Optional[str]:
+        if event.kind == "crash_streak" and int(event.payload.get("count") or 0) < self.cfg.crash_streak:
+            return "skipped:below-threshold"
+        text, blocks = render(event.kind, event.payload, self._tag(event))
+        if self.webhook is not None:
+            return self._send_webhook(text, blocks)
+
+        ref = event.external_ref
+        if not ref and event.attempts > 0:
+            ref = self._find_posted(event)          # the earlier attempt may have posted it
+            if ref:
+                event.checkpoint(ref)
+        if not ref:
+            uid = f"{ledger_uid(self.ledger)}:{event.event_id}"
+            resp = self._call("chat.postMessage", self.client.chat_postMessage, channel=self.cfg.channel,
+                              text=text, blocks=blocks, unfurl_links=False, unfurl_media=False,
+                              metadata={"event_type": METADATA_TYPE,
+                                        "event_payload": {"id": uid, "kind": event.kind}})
+            self.ledger.kv_set(self._channel_key(), resp["channel"])
+            ref = f"{resp['channel']}:{resp['ts']}"
+            event.checkpoint(ref)
+        return self._upload_plot(event, ref)
+
+    # -- helpers ---------------------------------------------------------------
+    def _channel_key(self) -> str:
+        return f"slack.channel_id.{self.cfg.channel}"
+
+    def _upload_plot(self, event: Event, ref: str) -> str:
+        path = event.payload.get("plot_path")
+        if (event.kind != "keep" or not self.cfg.upload_plot or ":file:" in ref or ":plot-failed" in ref
+                or not path or not os.path.isfile(path)):
+            return ref
+        channel, ts = ref.split(":")[:2]
+        try:
+            resp = self._call("files.upload", self.client.files_upload_v2, channel=channel, thread_ts=ts,
+                              file=path, filename=os.path.basename(path),
+                              title=f"progress after experiment #{event.payload.get('experiment_id', '?')}")
+        except DeliveryError as e:
+            if e.sink_wide:
+                raise
+            # e.g. missing files:write: the message is out, record why the plot is not
+            log.warning("plot upload for event %s failed for good: %s", event.event_id, e)
+            return f"{ref}:plot-failed:{str(e)[:100]}"
+        files = resp.get("files") or [{}]
+        return f"{ref}:file:{files[0].get('id', '?')}"
+
+    def _find_posted(self, event: Event) -> Optional[str]:
+        channel = self.ledger.kv_get(self._channel_key()) or (
+            self.cfg.channel if self.cfg.channel and self.cfg.channel[:1] in "CGD" else None)
+        if channel is None:
+            return None
+        uid = f"{ledger_uid(self.ledger)}:{event.event_id}"
+        try:
+            resp = self._call("conversations.history", self.client.conversations_history, channel=channel,
+                              oldest=str(event.created_at - 600), include_all_metadata=True, limit=200)
+        except DeliveryError as e:
+            if e.sink_wide:
+                raise
+            log.warning("cannot check whether event %s was already posted (%s); posting again", event.event_id, e)
+            return None
+        for m in resp.get("messages") or []:
+            md = m.get("metadata") or {}
+            if md.get("event_type") == METADATA_TYPE and (md.get("event_payload") or {}).get("id") == uid:
+                return f"{channel}:{m['ts']}"
+        return None
+
+    def _call(self, method: str, fn, **kwargs):
+        try:
+            return fn(**kwargs)
+        except SlackApiError as e:
+            status = e.response.status_code
+            data = e.response.data if isinstance(e.response.data, dict) else {}
+            retry_after = _retry_after(e.response.headers) if status == 429 else None
+            msg = f"Slack {method}: HTTP {status} {data.get('error') or str(e.response.data)[:200]}"
+            sink_wide = status >= 500 or data.get("error") in SINK_WIDE_ERRORS
+            raise DeliveryError(redact(msg, self._secrets), sink_wide=sink_wide, retry_after=retry_after) from None
+        except Exception as e:  # network errors, timeouts, a failed upload POST
+            raise DeliveryError(redact(f"Slack {method}: {type(e).__name__}: {e}", self._secrets),
+                                sink_wide=True) from None
+
+    def _send_webhook(self, text: str, blocks: list[dict]) -> str:
+        try:
+            resp = self.webhook.send(text=text, blocks=blocks, unfurl_links=False, unfurl_media=False)
+        except Exception as e:
+            raise DeliveryError(redact(f"Slack webhook: {type(e).__name__}: {e}", self._secrets),
+                                sink_wide=True) from None
+        if resp.status_code == 200:
+            return "webhook"
+        msg = redact(f"Slack webhook: HTTP {resp.status_code} {str(resp.body)[:200]}", self._secrets)
+        raise DeliveryError(msg, sink_wide=resp.status_code >= 500 or resp.status_code in (403, 404),
+                            retry_after=_retry_after(resp.headers) if resp.status_code == 429 else None)
+
+
+def _retry_after(headers) -> float:
+    for k, v in (headers or {}).items():
+        if k.lower() == "retry-after":
+            try:
+                return float(v[0] if isinstance(v, list) else v)
+            except (TypeError, ValueError):
+                break
+    return 30.0
