@@ -32,7 +32,9 @@ def make_small_corpus(dest: Path, max_bytes: int = 400_000) -> Path:
     for sub in ("json", "email", "http", "logging", "urllib", "xml/dom", "importlib"):
         for f in sorted((stdlib / sub).glob("*.py")):
             data = f.read_bytes()
-            (dest / f"{sub.replace('/', '_')}_{f.name}.txt").write_bytes(data)
+            # ~3 KB documents: enough of them that every split gets some
+            for i in range(0, len(data), 3000):
+                (dest / f"{sub.replace('/', '_')}_{f.name}_{i}.txt").write_bytes(data[i:i + 3000])
             total += len(data)
             if total >= max_bytes:
                 return dest
