@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
 import os
 import statistics
 import time
@@ -257,6 +258,7 @@ class Engine:
 
     def _execute(self, c, description, hypothesis, commit, parent, on_progress, session_id,
                  is_baseline=False, confirm_of=None, source_sha=None) -> ExperimentResult:
+        t_start = time.monotonic()
         added, removed = (0, 0) if commit == parent else gitops.diff_stats(
             self.ws.root, parent, commit, self.ws.cfg.paths.editable[0])
         eid = self.ledger.start_experiment(
@@ -285,8 +287,12 @@ class Engine:
                     ev = runner.run_evaluation(self.ws, c["pinned_commit"], run_dir, tr.model_path)
                     if not ev.ok:
                         status, reason = "rejected", f"the evaluator rejected the model: {ev.reason}"
+            # What the loop itself costs per experiment, apart from the two child processes.
+            timing = {"train_wall_s": round(tr.wall_seconds, 3), "eval_wall_s": round(ev.wall_seconds, 3) if ev else 0.0,
+                      "harness_s": round(time.monotonic() - t_start - tr.wall_seconds - (ev.wall_seconds if ev else 0.0), 3)}
             self.ledger.update_experiment(
-                eid, status=status, reason=reason or None, finished_at=time.time(),
+                eid, status=status, reason=reason or None, finished_at=time.time(), metrics_json=json.dumps(
+                    {**{k: v for k, v in tr.summary.items() if isinstance(v, (int, float))}, **timing}),
                 val_bpb=ev.val_bpb if ev and ev.ok else None, test_bpb=ev.test_bpb if ev and ev.ok else None,
                 eval_seconds=ev.eval_seconds if ev else None,
                 verdict="baseline" if is_baseline and status == "ok" else None, **fields)

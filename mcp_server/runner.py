@@ -68,6 +68,7 @@ class EvalResult:
     test_bpb: Optional[float] = None
     eval_seconds: Optional[float] = None
     raw: dict = field(default_factory=dict)
+    wall_seconds: float = 0.0          # the evaluator process, start to exit
 
 
 def _parse_summary(lines: list[str]) -> dict[str, float]:
@@ -217,7 +218,8 @@ def run_evaluation(ws: Workspace, pinned: str, run_dir: Path, model_path: Path,
                               capture_output=True, text=True, timeout=ws.cfg.benchmark.eval_timeout,
                               start_new_session=True)
     except subprocess.TimeoutExpired:
-        return EvalResult(False, f"evaluation exceeded {ws.cfg.benchmark.eval_timeout:.0f} s")
+        return EvalResult(False, f"evaluation exceeded {ws.cfg.benchmark.eval_timeout:.0f} s",
+                          wall_seconds=time.monotonic() - t0)
     elapsed = time.monotonic() - t0
     (run_dir / "eval.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
     result = None
@@ -228,12 +230,14 @@ def run_evaluation(ws: Workspace, pinned: str, run_dir: Path, model_path: Path,
         except json.JSONDecodeError:
             continue
     if not isinstance(result, dict):
-        return EvalResult(False, f"evaluator crashed (exit {proc.returncode}): {proc.stderr.strip()[-600:]}")
+        return EvalResult(False, f"evaluator crashed (exit {proc.returncode}): {proc.stderr.strip()[-600:]}",
+                          wall_seconds=elapsed)
     (run_dir / "eval.json").write_text(json.dumps(result, indent=2))
     if not result.get("ok"):
-        return EvalResult(False, str(result.get("reason", "rejected by the evaluator")), raw=result)
+        return EvalResult(False, str(result.get("reason", "rejected by the evaluator")), raw=result,
+                          wall_seconds=elapsed)
     return EvalResult(True, "", float(result["val_bpb"]), _opt(result.get("test_bpb")),
-                      float(result.get("eval_seconds", elapsed)), result)
+                      float(result.get("eval_seconds", elapsed)), result, elapsed)
 
 
 def _opt(v) -> Optional[float]:
