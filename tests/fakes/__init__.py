@@ -16,15 +16,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Optional
 from urllib.parse import parse_qs, urlsplit
 
-PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
-
-
-def clear_proxies(monkeypatch) -> None:
-    """slack_sdk honours HTTP(S)_PROXY and ignores NO_PROXY: loopback tests must drop them."""
-    for var in PROXY_VARS:
-        monkeypatch.delenv(var, raising=False)
-
-
 @dataclass
 class Fault:
     status: int = 0                 # answer with this HTTP status instead of handling the request
