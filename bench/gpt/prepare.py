@@ -1,0 +1,723 @@
+"""
+prepare.py -- the frozen harness of loopwright's GPT benchmark.
+
+The agent never edits this file. It holds everything that decides the score:
+the data (corpus, split, tokenizer), the constants, the training dataloader,
+the exporter and the evaluator. Imports: stdlib, numpy, torch only.
+
+    python prepare.py prepare  [--corpus stdlib|tinystories|climbmix|PATH] [--tokenizer byte|bpe] [--data-dir D]
+    python prepare.py verify   [--data-dir D]
+    python prepare.py evaluate MODEL.pt2 [--data-dir D]
+
+Constants come from the [benchmark] section of loopwright.toml next to this
+file (defaults below); never from environment variables, which train.py could
+set before importing us.
+
+Metric. val_bpb = sum of cross-entropy nats over the scored target tokens
+/ (ln 2 * sum of the UTF-8 bytes of those targets), computed here from the
+model's logits over EVAL_TOKENS targets of the validation split (test_bpb the
+same on the test split). Per-token byte lengths are exact (byte tokenizer: 1;
+BPE: the length of the token's byte string), never taken from a lossy decode.
+
+Document separators. Every document is preceded by one separator token SEP
+(byte 0 for the byte tokenizer -- NUL never occurs in the corpus because NUL
+characters are stripped and binary files skipped; a special token for BPE).
+SEP stands for no text, so its byte length is 0: as a *target* it is excluded
+from both sums (no nats, no bytes); as *input* it is ordinary context (it
+tells the model a new document starts). A model is thus neither rewarded nor
+penalised for predicting document boundaries, and uniform logits over the 256
+bytes score exactly 8 bits per byte.
+
+Evaluation runs the exported graph (torch.export, see export_model) in this
+process on CPU; it never imports train.py, and when run as a script it drops
+its own directory and the cwd from sys.path so a file in the workspace cannot
+shadow a library either. A causality probe (random cut points from
+os.urandom) rejects models whose logits depend on future tokens, also across
+rows of the batch.
+"""
+import hashlib
+import json
+import math
+import os
+import sys
+
+if __name__ == "__main__":
+    # The evaluator must not import anything from the workspace (train.py, or a
+    # file shadowing a library): drop our directory and the cwd from sys.path
+    # before importing numpy/torch. The runner also launches us with `python -I`.
+    _blocked = {os.path.realpath(os.path.dirname(os.path.abspath(__file__))), os.path.realpath(os.getcwd())}
+    sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") not in _blocked]
+
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# ---------------------------------------------------------------------------
+# Constants (defaults; loopwright.toml [benchmark] overrides the first five)
+
+TIME_BUDGET = 30.0          # seconds of wall clock for one training run (train.py obeys it)
+SEQ_LEN = 256               # context length; the exported model takes (B_EVAL, SEQ_LEN)
+EVAL_TOKENS = 65536         # target tokens scored on val (and on test)
+CORPUS = "stdlib"           # stdlib | tinystories | climbmix | a path
+TOKENIZER = "byte"          # byte | bpe
+
+B_EVAL = 8                  # batch size of the exported evaluation graph
+VAL_PERCENT = 5             # documents with sha256(name) % 100 < 5 -> val
+TEST_PERCENT = 5            # next 5 % -> test, the rest -> train
+STDLIB_MAX_BYTES = 12_000_000    # cap on the stdlib corpus (sorted files, then pydoc topics)
+MAX_CORPUS_BYTES = 200_000_000   # cap on any other corpus
+STDLIB_SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test",
+                    "encodings", "pydoc_data"}  # tests/codec tables are not prose-like code; topics added separately
+TEXT_PIECE_BYTES = 16_384   # a single text file is cut into documents of about this size (at line ends)
+BPE_VOCAB_SIZE = 8192       # including the separator token
+CAUSAL_ATOL = 1e-4          # max change of an earlier logit allowed when later tokens change
+                            # (leaks below it can gain at most ~2*atol/ln2 bits per token)
+TINYSTORIES_URL = "https://huggingface.co/datasets/roneneldan/TinyStories/resolve/main/TinyStoriesV2-GPT4-valid.txt"
+CLIMBMIX_URL = "https://huggingface.co/datasets/karpathy/climbmix-400b-shuffle/resolve/main/shard_{:05d}.parquet"
+CLIMBMIX_SHARDS = (0,)
+SEP_TEXT = "<|doc|>"        # name of the BPE separator token
+
+
+def _read_config():
+    path = os.path.join(HERE, "loopwright.toml")
+    if not os.path.isfile(path):
+        return {}
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+    with open(path, "rb") as f:
+        return tomllib.load(f).get("benchmark", {})
+
+
+_cfg = _read_config()
+TIME_BUDGET = float(_cfg.get("time_budget", TIME_BUDGET))
+SEQ_LEN = int(_cfg.get("seq_len", SEQ_LEN))
+EVAL_TOKENS = int(_cfg.get("eval_tokens", EVAL_TOKENS))
+CORPUS = str(_cfg.get("corpus", CORPUS))
+TOKENIZER = str(_cfg.get("tokenizer", TOKENIZER))
+VOCAB_SIZE = 256 if TOKENIZER == "byte" else BPE_VOCAB_SIZE
+DATA_DIR = os.path.join(HERE, ".loopwright", "data")
+SPLITS = ("train", "val", "test")
+
+
+class DataError(Exception):
+    """Data missing or changed since prepare (evaluate exits 2)."""
+
+
+class EvalError(Exception):
+    """The model cannot be scored (evaluate exits 1 with the reason)."""
+
+
+# ---------------------------------------------------------------------------
+# Corpus: an iterator of (document name, text)
+
+def _file_text(path):
+    """Text of a file, or None for binary / non-UTF-8 files."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    if b"\x00" in raw[:8192]:
+        return None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def _stdlib_docs():
+    import sysconfig
+    root = sysconfig.get_paths()["stdlib"]
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in STDLIB_SKIP_DIRS)  # sorted => deterministic
+        for fn in sorted(filenames):
+            if fn.endswith(".py"):
+                text = _file_text(os.path.join(dirpath, fn))
+                if text:
+                    yield os.path.relpath(os.path.join(dirpath, fn), root).replace(os.sep, "/"), text
+    import pydoc_data.topics
+    for key in sorted(pydoc_data.topics.topics):
+        yield "pydoc:" + key, pydoc_data.topics.topics[key]
+
+
+def _pieces(name, text, size=TEXT_PIECE_BYTES):
+    """Cut one long text into documents at line ends, so that the split has something to split."""
+    if SEP_TEXT in text or "<|endoftext|>" in text:
+        parts = text.replace(SEP_TEXT, "<|endoftext|>").split("<|endoftext|>")
+    else:
+        parts, cur, n = [], [], 0
+        for line in text.splitlines(keepends=True):
+            cur.append(line)
+            n += len(line)
+            if n >= size:
+                parts.append("".join(cur))
+                cur, n = [], 0
+        parts.append("".join(cur))
+    for i, p in enumerate(parts):
+        if p.strip():
+            yield f"{name}#{i}", p
+
+
+def _path_docs(path):
+    path = os.path.abspath(path)
+    if os.path.isfile(path):
+        text = _file_text(path)
+        if text is None:
+            raise DataError(f"{path} is not a UTF-8 text file")
+        yield from _pieces(os.path.basename(path), text)
+        return
+    if not os.path.isdir(path):
+        raise DataError(f"corpus {path!r} is neither stdlib|tinystories|climbmix nor an existing file or folder")
+    for dirpath, dirnames, filenames in os.walk(path):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for fn in sorted(filenames):
+            text = _file_text(os.path.join(dirpath, fn))
+            if text:
+                yield os.path.relpath(os.path.join(dirpath, fn), path).replace(os.sep, "/"), text
+
+
+def _sha256_file(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def download(url, dest, checksums):
+    """Fetch url to dest once. The first download records its SHA-256 in
+    `checksums` (kept in meta.json); later runs verify the cached or re-fetched
+    file against it and raise DataError on a mismatch."""
+    import urllib.request
+    name = os.path.basename(dest)
+    if not os.path.exists(dest):
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        print(f"downloading {url}", file=sys.stderr)
+        tmp = dest + ".part"
+        with urllib.request.urlopen(url, timeout=60) as r, open(tmp, "wb") as f:
+            while True:
+                block = r.read(1 << 20)
+                if not block:
+                    break
+                f.write(block)
+        os.replace(tmp, dest)
+    digest = _sha256_file(dest)
+    known = checksums.get(name, {}).get("sha256")
+    if known is None:
+        checksums[name] = {"url": url, "sha256": digest}
+    elif known != digest:
+        raise DataError(f"{dest}: SHA-256 {digest[:12]}... differs from the one recorded at first download "
+                        f"({known[:12]}...); delete the file to fetch it again, or remove the entry from meta.json")
+    return dest
+
+
+def _tinystories_docs(raw_dir, checksums):
+    path = download(TINYSTORIES_URL, os.path.join(raw_dir, os.path.basename(TINYSTORIES_URL)), checksums)
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for i, story in enumerate(f.read().split("<|endoftext|>")):
+            if story.strip():
+                yield f"tinystories:{i}", story.strip() + "\n"
+
+
+def _climbmix_docs(raw_dir, checksums):
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DataError("the climbmix corpus is parquet: install pyarrow (pip install pyarrow) "
+                        "or use --corpus stdlib / tinystories / PATH") from None
+    for shard in CLIMBMIX_SHARDS:
+        url = CLIMBMIX_URL.format(shard)
+        path = download(url, os.path.join(raw_dir, os.path.basename(url)), checksums)
+        texts = pq.read_table(path, columns=["text"]).column("text").to_pylist()
+        for row, text in enumerate(texts):
+            if text:
+                yield f"climbmix:{shard}:{row}", text
+
+
+def iter_documents(corpus, raw_dir, checksums):
+    """(name, text) pairs, in a deterministic order, capped in total UTF-8 bytes."""
+    if corpus == "stdlib":
+        docs, cap = _stdlib_docs(), STDLIB_MAX_BYTES
+    elif corpus == "tinystories":
+        docs, cap = _tinystories_docs(raw_dir, checksums), MAX_CORPUS_BYTES
+    elif corpus == "climbmix":
+        docs, cap = _climbmix_docs(raw_dir, checksums), MAX_CORPUS_BYTES
+    else:
+        docs, cap = _path_docs(corpus), MAX_CORPUS_BYTES
+    total = 0
+    for name, text in docs:
+        text = text.replace("\x00", "")  # NUL is the byte tokenizer's separator
+        n = len(text.encode("utf-8"))
+        if total + n > cap:
+            break
+        total += n
+        yield name, text
+
+
+def split_of(name):
+    """train / val / test by a hash of the document name: stable under corpus growth."""
+    h = int.from_bytes(hashlib.sha256(name.encode("utf-8")).digest()[:8], "big") % 100
+    if h < VAL_PERCENT:
+        return "val"
+    return "test" if h < VAL_PERCENT + TEST_PERCENT else "train"
+
+
+# ---------------------------------------------------------------------------
+# Tokenizers
+
+class ByteTokenizer:
+    vocab_size = 256
+    sep = 0
+
+    def encode(self, text):
+        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.uint16)
+
+
+class BPETokenizer:
+    """rustbpe-trained BPE used through tiktoken; the separator is the last id."""
+
+    def __init__(self, pattern, ranks):
+        import tiktoken
+        self.sep = len(ranks)
+        self.vocab_size = len(ranks) + 1
+        self.enc = tiktoken.Encoding(name="loopwright", pat_str=pattern, mergeable_ranks=ranks,
+                                     special_tokens={SEP_TEXT: self.sep})
+        self.pattern, self.ranks = pattern, ranks
+
+    @classmethod
+    def train(cls, texts, vocab_size=BPE_VOCAB_SIZE):
+        try:
+            import rustbpe
+            import tiktoken  # noqa: F401
+        except ImportError:
+            raise DataError("--tokenizer bpe needs rustbpe and tiktoken (pip install rustbpe tiktoken); "
+                            "the default byte tokenizer needs nothing") from None
+        tok = rustbpe.Tokenizer()
+        tok.train_from_iterator(texts, vocab_size=vocab_size - 1)  # one id left for the separator
+        return cls(tok.get_pattern(), {bytes(b): int(r) for b, r in tok.get_mergeable_ranks()})
+
+    def encode(self, text):
+        return np.asarray(self.enc.encode_ordinary(text), dtype=np.uint16)
+
+    def token_bytes(self):
+        """Exact byte length of every token id (0 for the separator)."""
+        lengths = np.zeros(self.vocab_size, dtype=np.int32)
+        for b, r in self.ranks.items():
+            lengths[r] = len(b)
+        return lengths
+
+    def save(self, path):
+        import base64
+        with open(path, "w") as f:
+            json.dump({"pattern": self.pattern, "sep": self.sep,
+                       "ranks": [[base64.b64encode(b).decode(), r] for b, r in sorted(self.ranks.items(), key=lambda kv: kv[1])]}, f)
+
+
+# ---------------------------------------------------------------------------
+# prepare / verify
+
+def _meta_path(data_dir):
+    return os.path.join(data_dir, "meta.json")
+
+
+def load_meta(data_dir=None):
+    path = _meta_path(data_dir or DATA_DIR)
+    if not os.path.isfile(path):
+        raise DataError(f"{path} not found; run `python prepare.py prepare` first")
+    with open(path) as f:
+        return json.load(f)
+
+
+def prepare_data(corpus=None, data_dir=None, tokenizer=None, quiet=False):
+    """Build train/val/test .bin (uint16 little endian) + meta.json; returns meta."""
+    corpus, data_dir, tokenizer = corpus or CORPUS, data_dir or DATA_DIR, tokenizer or TOKENIZER
+    if corpus not in ("stdlib", "tinystories", "climbmix"):
+        corpus = os.path.abspath(corpus)
+    os.makedirs(data_dir, exist_ok=True)
+    try:
+        checksums = load_meta(data_dir).get("downloads", {})
+    except (DataError, ValueError):
+        checksums = {}
+    docs = {s: [] for s in SPLITS}
+    for name, text in iter_documents(corpus, os.path.join(data_dir, "raw"), checksums):
+        docs[split_of(name)].append(text)
+    if tokenizer == "byte":
+        tok = ByteTokenizer()
+    elif tokenizer == "bpe":
+        tok = BPETokenizer.train(iter(docs["train"]))
+    else:
+        raise DataError(f"unknown tokenizer {tokenizer!r}; use byte or bpe")
+    files, stats = {}, {}
+    sep = np.array([tok.sep], dtype=np.uint16)
+    for split in SPLITS:
+        parts = []
+        for text in docs[split]:
+            parts += [sep, tok.encode(text)]
+        ids = np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint16)
+        if split != "train" and len(ids) < SEQ_LEN + 1:
+            raise DataError(f"the {split} split of corpus {corpus!r} has only {len(ids)} tokens (< SEQ_LEN+1 = "
+                            f"{SEQ_LEN + 1}); use a bigger corpus (more documents)")
+        path = os.path.join(data_dir, f"{split}.bin")
+        ids.astype("<u2").tofile(path)
+        files[f"{split}.bin"] = _sha256_file(path)
+        stats[split] = {"documents": len(docs[split]), "tokens": int(len(ids))}
+    token_bytes = None
+    if tokenizer == "bpe":
+        np.save(os.path.join(data_dir, "token_bytes.npy"), tok.token_bytes())
+        tok.save(os.path.join(data_dir, "tokenizer.json"))
+        token_bytes = "token_bytes.npy"
+        files[token_bytes] = _sha256_file(os.path.join(data_dir, token_bytes))
+    meta = {"tokenizer": tokenizer, "vocab_size": tok.vocab_size, "corpus": corpus, "files": files,
+            "token_bytes": token_bytes, "separator": int(tok.sep), "splits": stats,
+            "split_rule": f"sha256(name) % 100: < {VAL_PERCENT} val, < {VAL_PERCENT + TEST_PERCENT} test, else train",
+            "python": sys.version.split()[0] if corpus == "stdlib" else None, "downloads": checksums}
+    tmp = _meta_path(data_dir) + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(meta, f, indent=1, sort_keys=True)
+    os.replace(tmp, _meta_path(data_dir))
+    if not quiet:
+        print(f"prepared {corpus} ({tokenizer}) in {data_dir}: " +
+              ", ".join(f"{s} {stats[s]['documents']} docs / {stats[s]['tokens']:,} tokens" for s in SPLITS))
+    return meta
+
+
+def verify_data(data_dir=None, names=None):
+    """Check the data files against the SHA-256 recorded in meta.json; returns meta or raises DataError."""
+    data_dir = data_dir or DATA_DIR
+    meta = load_meta(data_dir)
+    for name, digest in meta["files"].items():
+        if names is not None and name not in names:
+            continue
+        path = os.path.join(data_dir, name)
+        if not os.path.isfile(path):
+            raise DataError(f"{path} is missing; re-run `python prepare.py prepare`")
+        if _sha256_file(path) != digest:
+            raise DataError(f"{path} changed since prepare (SHA-256 differs from meta.json); "
+                            "the data is pinned -- restore it or re-run prepare in a new workspace")
+    return meta
+
+
+def _tokens(split, data_dir=None):
+    return np.fromfile(os.path.join(data_dir or DATA_DIR, f"{split}.bin"), dtype="<u2")
+
+
+def _token_bytes(meta, data_dir):
+    """Exact UTF-8 byte length per token id (0 = separator, excluded from both sums)."""
+    if meta["token_bytes"]:
+        tb = np.load(os.path.join(data_dir, meta["token_bytes"]))
+    else:
+        tb = np.ones(meta["vocab_size"], dtype=np.int32)
+        tb[meta["separator"]] = 0
+    return torch.from_numpy(tb.astype(np.int64))
+
+
+# ---------------------------------------------------------------------------
+# Training data
+
+class Dataloader:
+    """Endless iterator of (x, y) int64 batches: random windows of SEQ_LEN+1
+    tokens of the training split, drawn by a seeded numpy generator."""
+
+    def __init__(self, split="train", batch_size=16, device="cpu", seed=0, seq_len=None, data_dir=None):
+        if split != "train":
+            raise ValueError("only the train split may be used for training (val and test decide the score)")
+        data_dir = data_dir or DATA_DIR
+        meta = load_meta(data_dir)
+        if meta["vocab_size"] != VOCAB_SIZE:
+            raise DataError(f"data in {data_dir} has vocab {meta['vocab_size']} but TOKENIZER={TOKENIZER!r} "
+                            f"implies {VOCAB_SIZE}; re-run prepare")
+        self.tokens = _tokens(split, data_dir)
+        self.seq_len = seq_len or SEQ_LEN
+        if len(self.tokens) < self.seq_len + 2:
+            raise DataError(f"train split has only {len(self.tokens)} tokens")
+        self.batch_size, self.device = batch_size, torch.device(device)
+        self.rng = np.random.Generator(np.random.PCG64(seed))
+        self.offsets = np.arange(self.seq_len + 1)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        starts = self.rng.integers(0, len(self.tokens) - self.seq_len - 1, size=self.batch_size)
+        w = torch.from_numpy(self.tokens[starts[:, None] + self.offsets].astype(np.int64))
+        if self.device.type == "cuda":
+            w = w.pin_memory().to(self.device, non_blocking=True)
+        else:
+            w = w.to(self.device)
+        return w[:, :-1], w[:, 1:]
+
+
+def make_dataloader(split="train", batch_size=16, device="cpu", seed=0, **kw):
+    return Dataloader(split, batch_size, device, seed, **kw)
+
+
+# ---------------------------------------------------------------------------
+# Export
+
+def export_model(model, path=None):
+    """Export `model` (idx int64 (B, T) -> logits (B, T, VOCAB_SIZE)) with
+    torch.export at the evaluation shape (B_EVAL, SEQ_LEN) and save it.
+
+    The model is put in eval mode and moved to the CPU (in place): the graph
+    is exported in fp32 on CPU so that the evaluator can run it anywhere.
+    path: argument, else env LOOPWRIGHT_EXPORT_PATH (set by the runner), else
+    model.pt2. Returns the path."""
+    path = path or os.environ.get("LOOPWRIGHT_EXPORT_PATH") or "model.pt2"
+    model = model.to("cpu").eval()
+    x = torch.zeros((B_EVAL, SEQ_LEN), dtype=torch.long)
+    with torch.no_grad():
+        ep = torch.export.export(model, (x,))
+    out = [n for n in ep.graph.nodes if n.op == "output"][0].args[0]
+    val = out[0].meta.get("val") if len(out) else None
+    shape = tuple(val.shape) if val is not None and hasattr(val, "shape") else None
+    if shape != (B_EVAL, SEQ_LEN, VOCAB_SIZE):
+        raise ValueError(f"the model must return logits of shape (B, T, {VOCAB_SIZE}); "
+                         f"at (B={B_EVAL}, T={SEQ_LEN}) it returned {shape or type(val).__name__}")
+    if os.path.dirname(os.path.abspath(path)):
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    torch.export.save(ep, path)
+    return path
+
+
+# ---------------------------------------------------------------------------
+# Evaluation
+
+def _check_logits(out, batch, vocab):
+    if isinstance(out, (tuple, list)) and len(out) == 1:
+        out = out[0]
+    if not isinstance(out, torch.Tensor):
+        raise EvalError(f"the model must return one logits tensor, got {type(out).__name__}")
+    if tuple(out.shape) != (batch, SEQ_LEN, vocab):
+        raise EvalError(f"logits have shape {tuple(out.shape)}, expected (B, T, V) = ({batch}, {SEQ_LEN}, {vocab})")
+    if not out.is_floating_point():
+        raise EvalError(f"logits have dtype {out.dtype}, expected a floating point type")
+    out = out.detach().to("cpu", torch.float64)
+    if not torch.isfinite(out).all():
+        raise EvalError("logits contain NaN or infinite values")
+    return out
+
+
+def _windows(tokens, starts):
+    w = tokens[np.asarray(starts)[:, None] + np.arange(SEQ_LEN + 1)]
+    w = torch.from_numpy(w.astype(np.int64))
+    return w[:, :-1], w[:, 1:]
+
+
+def bpb_sums(forward_fn, tokens, token_bytes, max_tokens, batch_size=B_EVAL, device="cpu", fixed_batch=False):
+    """(nats, bytes, targets) over the first max_tokens targets of `tokens`,
+    cut into consecutive windows of SEQ_LEN. Separator targets (0 bytes) count
+    in neither sum. fixed_batch pads the last batch (exported graphs have a
+    fixed shape); padding rows are not counted."""
+    n_windows = min(max_tokens, len(tokens) - 1) // SEQ_LEN
+    if n_windows < 1:
+        raise EvalError(f"only {len(tokens)} tokens, fewer than SEQ_LEN+1 = {SEQ_LEN + 1}")
+    vocab = len(token_bytes)
+    nats, nbytes = 0.0, 0
+    for first in range(0, n_windows, batch_size):
+        rows = min(batch_size, n_windows - first)
+        idx = np.arange(first, first + (batch_size if fixed_batch else rows)).clip(max=n_windows - 1)
+        x, y = _windows(tokens, idx * SEQ_LEN)
+        with torch.no_grad():
+            logits = _check_logits(forward_fn(x.to(device)), len(idx), vocab)[:rows]
+        y = y[:rows]
+        nll = -torch.log_softmax(logits, dim=-1).gather(-1, y.unsqueeze(-1)).squeeze(-1)
+        tb = token_bytes[y]
+        nats += float(nll[tb > 0].sum())
+        nbytes += int(tb.sum())
+    return nats, nbytes, n_windows * SEQ_LEN
+
+
+def evaluate_bpb(forward_fn, split="val", max_tokens=None, batch_size=B_EVAL, device="cpu", data_dir=None):
+    """Bits per byte of forward_fn (x int64 (B, T) on `device` -> logits) on
+    the val split. For train.py's quick look; the score comes from the
+    evaluate CLI on the exported graph."""
+    if split != "val":
+        raise ValueError("only the val split is available to train.py (test is hidden)")
+    data_dir = data_dir or DATA_DIR
+    meta = load_meta(data_dir)
+    nats, nbytes, _ = bpb_sums(forward_fn, _tokens(split, data_dir), _token_bytes(meta, data_dir),
+                               max_tokens or EVAL_TOKENS, batch_size, device)
+    return nats / (math.log(2) * nbytes)
+
+
+def _urandom_int(n):
+    return int.from_bytes(os.urandom(8), "little") % n
+
+
+def causality_probe(forward_fn, tokens, vocab):
+    """Raise EvalError if logits at a position depend on later tokens.
+
+    Pass A: each row of a batch of real windows gets a cut point; tokens from
+    the cut on are replaced by random ones; logits before every cut must not
+    move. Pass B: some whole rows are replaced; the other rows must not move
+    (eval windows in a batch are consecutive, so a row could otherwise peek at
+    the next one). Cut points and rows come from os.urandom: unpredictable."""
+    n = len(tokens) - SEQ_LEN - 1
+    x, _ = _windows(tokens, [_urandom_int(n + 1) for _ in range(B_EVAL)])
+    cuts = [1 + _urandom_int(SEQ_LEN - 1) for _ in range(B_EVAL)]
+    replaced = [r for r in range(B_EVAL) if os.urandom(1)[0] & 1] or [_urandom_int(B_EVAL)]
+    if len(replaced) == B_EVAL:
+        replaced = replaced[:-1]
+    with torch.no_grad():
+        base = _check_logits(forward_fn(x), B_EVAL, vocab)
+        for name, keep in (("later tokens of the same row", cuts),
+                           ("tokens of other rows of the batch", [0 if r in replaced else SEQ_LEN for r in range(B_EVAL)])):
+            x2 = x.clone()
+            for r, c in enumerate(keep):
+                if c < SEQ_LEN:
+                    rand = torch.tensor(list(os.urandom(SEQ_LEN - c)), dtype=torch.long) % vocab
+                    x2[r, c:] = rand
+                    x2[r, c] = (x[r, c] + 1 + _urandom_int(vocab - 1)) % vocab  # surely different
+            probe = _check_logits(forward_fn(x2), B_EVAL, vocab)
+            for r, c in enumerate(keep):
+                if c > 0:
+                    diff = float((probe[r, :c] - base[r, :c]).abs().max())
+                    if diff > CAUSAL_ATOL:
+                        raise EvalError(f"causality probe failed: logits of row {r} before position {c} changed by "
+                                        f"{diff:.3g} (> {CAUSAL_ATOL}) when {name} were replaced; the model reads "
+                                        "future tokens")
+
+
+def evaluate_exported(model_path, data_dir=None):
+    """Score an exported graph: the evaluate CLI's work, as a dict."""
+    import time
+    t0 = time.time()
+    data_dir = data_dir or DATA_DIR
+    meta = verify_data(data_dir, names={"val.bin", "test.bin", "token_bytes.npy"})  # DataError -> exit 2
+    if not os.path.isfile(model_path):
+        raise EvalError(f"{model_path} not found; train.py must call prepare.export_model(model)")
+    try:
+        ep = torch.export.load(model_path)
+    except Exception as e:
+        raise EvalError(f"cannot load the exported model {model_path}: {type(e).__name__}: {e}") from None
+    sig = ep.graph_signature
+    if getattr(sig, "buffers_to_mutate", None) or getattr(sig, "user_inputs_to_mutate", None):
+        raise EvalError("the exported model mutates buffers or inputs in forward; stateful models are not allowed")
+    module = ep.module()
+    token_bytes = _token_bytes(meta, data_dir)
+    vocab = meta["vocab_size"]
+
+    def forward(x):
+        try:
+            return module(x)
+        except Exception as e:
+            raise EvalError(f"the model failed on input of shape {tuple(x.shape)} "
+                            f"(expected (B_EVAL, SEQ_LEN) = ({B_EVAL}, {SEQ_LEN})): {type(e).__name__}: {e}") from None
+
+    val = _tokens("val", data_dir)
+    causality_probe(forward, val, vocab)
+    result = {"ok": True, "causal": True}
+    for split, tokens in (("val", val), ("test", _tokens("test", data_dir))):
+        nats, nbytes, ntok = bpb_sums(forward, tokens, token_bytes, EVAL_TOKENS, B_EVAL, fixed_batch=True)
+        result[f"{split}_bpb"] = nats / (math.log(2) * nbytes)
+        result[f"{split}_tokens"], result[f"{split}_bytes"] = ntok, nbytes
+    result["eval_seconds"] = round(time.time() - t0, 3)
+    return result
+
+
+# ---------------------------------------------------------------------------
+# Hardware peak, for train.py's MFU figure (informational, not part of the score)
+
+GPU_PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "H800": 989e12, "A100": 312e12, "A800": 312e12,
+                 "L40S": 362e12, "L4": 121e12, "A10G": 70e12, "4090": 165e12, "3090": 71e12}
+
+
+def measure_matmul_flops(device="cpu", dtype=torch.float32, sizes=(512, 1024, 2048), seconds=0.15):
+    """Best achieved FLOP/s of square matmuls: the machine's practical peak."""
+    best = 0.0
+    import time
+    for n in sizes:
+        a = torch.randn(n, n, device=device, dtype=dtype)
+        b = torch.randn(n, n, device=device, dtype=dtype)
+        a @ b  # warm up
+        k, t0 = 0, time.perf_counter()
+        while True:
+            a @ b
+            k += 1
+            if device != "cpu":
+                torch.cuda.synchronize() if str(device).startswith("cuda") else None
+            dt = time.perf_counter() - t0
+            if dt > seconds:
+                break
+        best = max(best, 2 * n ** 3 * k / dt)
+    return best
+
+
+def peak_flops(device="cpu", data_dir=None):
+    """(flops, source). CUDA: nominal bf16 peak of known GPUs; CPU: measured fp32
+    matmul peak at the current thread count, cached by prepare in peak_flops.json."""
+    device = str(device)
+    if device.startswith("cuda"):
+        name = torch.cuda.get_device_name()
+        for key, value in GPU_PEAK_BF16.items():
+            if key in name:
+                return value, f"nominal bf16 peak of {name}"
+        return measure_matmul_flops(device, torch.bfloat16), "measured bf16 matmul"
+    if device.startswith("mps"):
+        return measure_matmul_flops("mps"), "measured fp32 matmul"
+    key = f"{torch.__version__}/{torch.get_num_threads()}threads"
+    path = os.path.join(data_dir or DATA_DIR, "peak_flops.json")
+    try:
+        with open(path) as f:
+            return json.load(f)[key], f"measured fp32 matmul ({key}, cached)"
+    except (OSError, KeyError, ValueError):
+        return measure_matmul_flops(), f"measured fp32 matmul ({key})"
+
+
+def _cache_peak(data_dir):
+    key = f"{torch.__version__}/{torch.get_num_threads()}threads"
+    with open(os.path.join(data_dir, "peak_flops.json"), "w") as f:
+        json.dump({key: measure_matmul_flops()}, f)
+
+
+# ---------------------------------------------------------------------------
+# CLI
+
+def main(argv=None):
+    import argparse
+    p = argparse.ArgumentParser(description="loopwright GPT benchmark: data, verification, evaluation")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    pp = sub.add_parser("prepare", help="build the data (train/val/test .bin + meta.json)")
+    pp.add_argument("--corpus", default=CORPUS, help="stdlib | tinystories | climbmix | PATH (folder or text file)")
+    pp.add_argument("--tokenizer", default=TOKENIZER, choices=["byte", "bpe"])
+    pv = sub.add_parser("verify", help="check the data against the hashes in meta.json")
+    pe = sub.add_parser("evaluate", help="score an exported model; prints one JSON line")
+    pe.add_argument("model")
+    for q in (pp, pv, pe):
+        q.add_argument("--data-dir", default=DATA_DIR)
+    args = p.parse_args(argv)
+
+    if args.cmd == "prepare":
+        try:
+            prepare_data(args.corpus, args.data_dir, args.tokenizer)
+        except DataError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        _cache_peak(args.data_dir)
+        return 0
+    if args.cmd == "verify":
+        try:
+            meta = verify_data(args.data_dir)
+        except (DataError, ValueError, KeyError) as e:
+            print(json.dumps({"ok": False, "reason": str(e)}))
+            return 1
+        print(json.dumps({"ok": True, "files": len(meta["files"]), "corpus": meta["corpus"]}))
+        return 0
+    # evaluate: one JSON object on the last stdout line, whatever happens
+    try:
+        result, code = evaluate_exported(args.model, args.data_dir), 0
+    except DataError as e:
+        result, code = {"ok": False, "reason": f"data check failed: {e}"}, 2
+    except EvalError as e:
+        result, code = {"ok": False, "reason": str(e)}, 1
+        if str(e).startswith("causality probe failed"):
+            result["causal"] = False
+    except Exception as e:  # never a traceback instead of a verdict
+        result, code = {"ok": False, "reason": f"evaluation error: {type(e).__name__}: {e}"}, 1
+    sys.stdout.flush()
+    print(json.dumps(result))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,324 @@
+"""
+train.py -- the baseline GPT that the agent improves. The only editable file.
+
+A small decoder-only transformer over the tokens of prepare.py: RMSNorm,
+rotary position embeddings, QK-norm, causal scaled-dot-product attention,
+squared-ReLU MLP, tanh logit soft-capping, AdamW (Muon optional). It trains
+for prepare.TIME_BUDGET seconds of wall clock *in total* (startup, training,
+quick eval and export together), hands the model to prepare.export_model and
+prints the summary block. The score is computed afterwards by the frozen
+evaluator (`python prepare.py evaluate model.pt2`), not by this file.
+
+Environment (set by the runner): LOOPWRIGHT_SEED (int, default 0),
+LOOPWRIGHT_EXPORT_PATH (where the model goes, default model.pt2).
+"""
+import time
+
+_t_start = time.time()  # before importing torch: its import counts against the budget too
+
+import math
+import os
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import prepare
+
+# ---------------------------------------------------------------------------
+# Hyperparameters. Top-level literals on purpose: tools edit them by parsing this file.
+
+DEPTH = 4               # transformer blocks
+D_MODEL = 128           # residual width
+N_HEAD = 4              # attention heads (head dim = D_MODEL // N_HEAD)
+MLP_RATIO = 4           # MLP hidden = MLP_RATIO * D_MODEL
+BATCH_SIZE = 16         # sequences per step (tokens per step = BATCH_SIZE * prepare.SEQ_LEN)
+LR = 0.004              # AdamW peak learning rate (matrices when Muon is off, and everything else)
+EMBED_LR = 0.01         # AdamW learning rate of the embedding
+WEIGHT_DECAY = 0.0      # AdamW decoupled weight decay on the block matrices
+BETA1 = 0.9
+BETA2 = 0.95
+WARMUP_STEPS = 10       # linear LR warm-up
+WARMDOWN_FRAC = 0.4     # last fraction of the run decays the LR linearly to 0
+GRAD_CLIP = 1.0         # max global grad norm (0 = off)
+LOGIT_SOFTCAP = 15.0    # logits = cap * tanh(logits / cap) (0 = off)
+QK_NORM = False         # RMS-normalise queries and keys (stabler at high LR; costs ~15 % speed on CPU)
+USE_MUON = False        # Muon for block matrices (slow on CPU; try it on a GPU)
+MUON_LR = 0.02
+COMPILE_ON_CUDA = True  # torch.compile the training model on CUDA (unreliable on CPU, so never there)
+MAX_STEPS = 0           # 0 = train until the time budget; > 0 = stop after that many steps and
+                        # schedule the LR by step count (reproducible runs: the step count then
+                        # does not depend on the wall clock)
+QUICK_EVAL_TOKENS = 8192  # val tokens for the val_bpb printed here (the score uses prepare.EVAL_TOKENS)
+PRINT_EVERY_S = 1.0     # seconds between progress lines
+
+
+# ---------------------------------------------------------------------------
+# Model
+
+def rotary(x, cos, sin):
+    """Rotary embedding as x*cos + swap_halves(x)*sin; the sign of the rotation
+    lives in `sin` (see GPT.__init__). Three tensor ops instead of six: on a CPU
+    these small elementwise ops cost as much as the matmuls."""
+    h = x.shape[-1] // 2
+    return torch.addcmul(x * cos, torch.cat((x[..., h:], x[..., :h]), dim=-1), sin)
+
+
+class ReluSquare(torch.autograd.Function):
+    """relu(x)^2 with a one-line backward (2*relu(x)*grad): cheaper than
+    autograd's pow backward and no threshold_backward. Used only with grad;
+    inference (and torch.export) sees plain ops."""
+
+    @staticmethod
+    def forward(ctx, x):
+        r = torch.relu(x)
+        ctx.save_for_backward(r)
+        return r * r
+
+    @staticmethod
+    def backward(ctx, grad):
+        (r,) = ctx.saved_tensors
+        return grad * (r + r)
+
+
+def relu_square(x):
+    if torch.is_grad_enabled():
+        return ReluSquare.apply(x)
+    return torch.relu(x).square()
+
+
+class Block(nn.Module):
+    def __init__(self, d, n_head, mlp_ratio):
+        super().__init__()
+        self.n_head = n_head
+        self.qkv = nn.Linear(d, 3 * d, bias=False)
+        self.proj = nn.Linear(d, d, bias=False)
+        self.fc = nn.Linear(d, mlp_ratio * d, bias=False)
+        self.out = nn.Linear(mlp_ratio * d, d, bias=False)
+
+    def forward(self, x, cos, sin):
+        B, T, C = x.shape
+        h = F.rms_norm(x, (C,))
+        q, k, v = self.qkv(h).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
+        if QK_NORM:
+            q, k = F.rms_norm(q, (q.shape[-1],)), F.rms_norm(k, (k.shape[-1],))
+        q, k = rotary(q, cos, sin), rotary(k, cos, sin)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(B, T, C))
+        h = F.rms_norm(x, (C,))
+        return x + self.out(relu_square(self.fc(h)))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab, d, depth, n_head, mlp_ratio, seq_len):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.blocks = nn.ModuleList(Block(d, n_head, mlp_ratio) for _ in range(depth))
+        self.head = nn.Linear(d, vocab, bias=False)
+        hd = d // n_head
+        freqs = 1.0 / (10000 ** (torch.arange(0, hd // 2, dtype=torch.float32) / (hd // 2)))
+        angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), freqs)
+        # full-width tables for rotary(): (x1, x2) -> (x1*cos - x2*sin, x2*cos + x1*sin)
+        self.register_buffer("cos", torch.cat((angles.cos(), angles.cos()), dim=-1), persistent=False)
+        self.register_buffer("sin", torch.cat((-angles.sin(), angles.sin()), dim=-1), persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        nn.init.normal_(self.embed.weight, std=1.0)
+        for b in self.blocks:
+            for lin in (b.qkv, b.fc):
+                nn.init.normal_(lin.weight, std=lin.in_features ** -0.5)
+            # residual branches start as identity: stable early training
+            nn.init.zeros_(b.proj.weight)
+            nn.init.zeros_(b.out.weight)
+        nn.init.zeros_(self.head.weight)  # uniform predictions (8 bits/byte) at step 0
+
+    def forward(self, idx):
+        T = idx.shape[1]
+        cos, sin = self.cos[:T], self.sin[:T]
+        x = self.embed(idx)
+        for b in self.blocks:
+            x = b(x, cos, sin)
+        logits = self.head(F.rms_norm(x, (x.shape[-1],))).float()
+        if LOGIT_SOFTCAP > 0:
+            logits = LOGIT_SOFTCAP * torch.tanh(logits / LOGIT_SOFTCAP)
+        return logits
+
+
+def flops_per_token(model, seq_len):
+    """Training FLOPs per token: 6 per matmul weight, plus causal attention
+    (QK^T and AV over on average T/2 keys: 6 * depth * T * d). The embedding
+    lookup is not a matmul and is not counted."""
+    matmul = sum(p.numel() for n, p in model.named_parameters() if p.dim() == 2 and not n.startswith("embed"))
+    return 6 * matmul + 6 * len(model.blocks) * seq_len * model.embed.embedding_dim
+
+
+# ---------------------------------------------------------------------------
+# Muon (optional): momentum, then an approximate orthogonalisation of each update
+
+def orthogonalize(g, steps=5):
+    """Newton-Schulz iteration towards the nearest semi-orthogonal matrix."""
+    a, b, c = 3.4445, -4.7750, 2.0315
+    x = g / (g.norm() + 1e-7)
+    tall = x.shape[0] > x.shape[1]
+    if tall:
+        x = x.T
+    for _ in range(steps):
+        s = x @ x.T
+        x = a * x + (b * s + c * s @ s) @ x
+    return x.T if tall else x
+
+
+class Muon(torch.optim.Optimizer):
+    def __init__(self, params, lr=0.02, momentum=0.95):
+        super().__init__(params, dict(lr=lr, momentum=momentum))
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                buf = self.state[p].setdefault("momentum", torch.zeros_like(p))
+                buf.mul_(group["momentum"]).add_(p.grad)
+                update = orthogonalize(p.grad.add(buf, alpha=group["momentum"]))  # Nesterov
+                p.add_(update, alpha=-group["lr"] * max(1.0, p.shape[0] / p.shape[1]) ** 0.5)
+
+
+# ---------------------------------------------------------------------------
+# Setup
+
+def pick_device():
+    if torch.cuda.is_available():
+        return "cuda"
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        return "mps"
+    return "cpu"
+
+
+def main():
+    seed = int(os.environ.get("LOOPWRIGHT_SEED", "0"))
+    device = pick_device()
+    if device == "cpu":
+        # a fixed thread count + deterministic kernels make a fixed seed reproduce bit for bit
+        torch.set_num_threads(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
+        torch.use_deterministic_algorithms(True)
+        torch.utils.deterministic.fill_uninitialized_memory = False  # NaN-filling every new tensor costs ~8 %
+    torch.manual_seed(seed)
+    seq_len = prepare.SEQ_LEN
+    model = GPT(prepare.VOCAB_SIZE, D_MODEL, DEPTH, N_HEAD, MLP_RATIO, seq_len).to(device)
+    num_params = sum(p.numel() for p in model.parameters())
+
+    matrices = [p for b in model.blocks for p in b.parameters()]
+    adam_groups = [dict(params=[model.embed.weight], lr=EMBED_LR, weight_decay=0.0),
+                   dict(params=[model.head.weight], lr=LR, weight_decay=0.0)]
+    optimizers = []
+    if USE_MUON:
+        optimizers.append(Muon(matrices, lr=MUON_LR))
+    else:
+        adam_groups.append(dict(params=matrices, lr=LR, weight_decay=WEIGHT_DECAY))
+    optimizers.append(torch.optim.AdamW(adam_groups, betas=(BETA1, BETA2), eps=1e-8,
+                                        fused=device in ("cuda", "cpu")))
+    for opt in optimizers:
+        for g in opt.param_groups:
+            g["base_lr"] = g["lr"]
+
+    train_model = model
+    if device == "cuda" and COMPILE_ON_CUDA:
+        train_model = torch.compile(model)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device == "cuda" else torch.autocast("cpu", enabled=False)
+    loader = prepare.make_dataloader("train", BATCH_SIZE, device, seed)
+    tokens_per_step = BATCH_SIZE * seq_len
+
+    # Time plan. The whole run, counted from the first line of this file
+    # (torch import included), must fit in TIME_BUDGET, so the loop stops early
+    # enough to leave room for what follows it: the quick eval (forward-only,
+    # costed at a third of a training step per step's worth of tokens, from the
+    # measured step time) and the export (torch.export tracing: about 1 s of
+    # one-off imports plus ~0.2 s per block on a CPU). The loop also stops one
+    # step early rather than one step late.
+    deadline = _t_start + prepare.TIME_BUDGET
+    export_seconds = 1.0 + 0.2 * DEPTH
+    step_time = None          # EMA of seconds per warm step
+    loop_start = time.time()
+    train_end = deadline - export_seconds - 1.0  # refined once step times are known
+
+    def progress(now, step):
+        """Fraction of training done, for the LR schedule."""
+        if MAX_STEPS > 0:
+            return step / MAX_STEPS
+        return (now - loop_start) / max(1e-6, train_end - loop_start)
+
+    step, last_print, loss_value = 0, 0.0, float("nan")
+    model.train()
+    while True:
+        t0 = time.time()
+        x, y = next(loader)
+        with autocast:
+            logits = train_model(x)
+        loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), y.reshape(-1))
+        loss.backward()
+        if GRAD_CLIP > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
+        frac = progress(t0, step)
+        lr_scale = min(1.0, (step + 1) / WARMUP_STEPS) * min(1.0, max(0.0, (1.0 - frac) / WARMDOWN_FRAC))
+        for opt in optimizers:
+            for g in opt.param_groups:
+                g["lr"] = g["base_lr"] * lr_scale
+            opt.step()
+        model.zero_grad(set_to_none=True)
+        step += 1
+        if device == "cuda":
+            torch.cuda.synchronize()
+        now = time.time()
+        dt = now - t0
+        # the first steps pay for warm-up: take them raw (a pessimistic guess), then smooth
+        step_time = dt if step <= 3 else 0.8 * step_time + 0.2 * dt
+        quick_eval = step_time / 3 * QUICK_EVAL_TOKENS / tokens_per_step
+        train_end = deadline - export_seconds - quick_eval - 0.2
+        done = (MAX_STEPS > 0 and step >= MAX_STEPS) or now + step_time > train_end
+        if now - last_print >= PRINT_EVERY_S or done:
+            loss_value = loss.item()
+            if not math.isfinite(loss_value):
+                print(f"step={step} loss={loss_value} -- diverged", flush=True)
+                sys.exit(1)
+            print(f"step={step} loss={loss_value:.6f} elapsed={now - _t_start:.2f} "
+                  f"remaining={max(0.0, deadline - now):.2f}", flush=True)
+            last_print = now
+        if done:
+            break
+    training_seconds = time.time() - loop_start
+
+    model.eval()
+    with torch.no_grad(), autocast:
+        val_bpb = prepare.evaluate_bpb(model, "val", max_tokens=QUICK_EVAL_TOKENS, device=device)
+    peak_mem = (torch.cuda.max_memory_allocated() / 2 ** 20 if device == "cuda"
+                else _max_rss_mb())
+    peak, _ = prepare.peak_flops(device)
+    mfu = flops_per_token(model, seq_len) * step * tokens_per_step / training_seconds / peak * 100
+    prepare.export_model(model)
+    total_seconds = time.time() - _t_start
+
+    print("---")
+    print(f"val_bpb:          {val_bpb:.6f}")
+    print(f"training_seconds: {training_seconds:.1f}")
+    print(f"total_seconds:    {total_seconds:.1f}")
+    print(f"{'peak_vram_mb' if device == 'cuda' else 'peak_memory_mb'}:   {peak_mem:.1f}")
+    print(f"mfu_percent:      {mfu:.2f}")
+    print(f"total_tokens_M:   {step * tokens_per_step / 1e6:.3f}")
+    print(f"num_steps:        {step}")
+    print(f"num_params_M:     {num_params / 1e6:.3f}")
+    print(f"depth:            {DEPTH}")
+    print(f"final_loss:       {loss_value:.6f}")
+    print(f"device:           {device}")
+
+
+def _max_rss_mb():
+    import resource
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 2 ** 20 if sys.platform == "darwin" else rss / 1024  # bytes on macOS, KiB on Linux
+
+
+if __name__ == "__main__":
+    main()
