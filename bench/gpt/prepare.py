@@ -544,38 +544,45 @@ def _urandom_int(n):
     return int.from_bytes(os.urandom(8), "little") % n
 
 
-def causality_probe(forward_fn, tokens, vocab):
-    """Raise EvalError if logits at a position depend on later tokens.
+def _random_tokens(n, vocab):
+    return torch.from_numpy(np.frombuffer(os.urandom(4 * n), dtype="<u4") % vocab).long()
 
-    Pass A: each row of a batch of real windows gets a cut point; tokens from
-    the cut on are replaced by random ones; logits before every cut must not
-    move. Pass B: some whole rows are replaced; the other rows must not move
-    (eval windows in a batch are consecutive, so a row could otherwise peek at
-    the next one). Cut points and rows come from os.urandom: unpredictable."""
+
+def causality_probe(forward_fn, tokens, vocab):
+    """Raise EvalError if a logit depends on a later token.
+
+    On a batch of real val windows (offsets from os.urandom, so a model cannot
+    predict them), some tokens are replaced by random ones and every logit
+    that must not see them is compared with the unmodified run:
+      A. each row gets a random cut; tokens from the cut on are replaced;
+         logits before the cut must not move;
+      B. eval batches hold consecutive windows, so a row could peek at the
+         next row: whole rows are replaced, split by each bit of the row
+         index both ways (any two rows are on opposite sides in some trial);
+         the rows left alone must not move at all."""
     n = len(tokens) - SEQ_LEN - 1
     x, _ = _windows(tokens, [_urandom_int(n + 1) for _ in range(B_EVAL)])
-    cuts = [1 + _urandom_int(SEQ_LEN - 1) for _ in range(B_EVAL)]
-    replaced = [r for r in range(B_EVAL) if os.urandom(1)[0] & 1] or [_urandom_int(B_EVAL)]
-    if len(replaced) == B_EVAL:
-        replaced = replaced[:-1]
+    trials = [("later tokens of the same row", [1 + _urandom_int(SEQ_LEN - 1) for _ in range(B_EVAL)])]
+    for bit in range((B_EVAL - 1).bit_length()):
+        for side in (0, 1):
+            trials.append(("tokens of other rows of the batch",
+                           [0 if (r >> bit) & 1 == side else SEQ_LEN for r in range(B_EVAL)]))
     with torch.no_grad():
         base = _check_logits(forward_fn(x), B_EVAL, vocab)
-        for name, keep in (("later tokens of the same row", cuts),
-                           ("tokens of other rows of the batch", [0 if r in replaced else SEQ_LEN for r in range(B_EVAL)])):
+        for what, cuts in trials:  # cuts[r]: positions >= cuts[r] replaced, positions < cuts[r] checked
             x2 = x.clone()
-            for r, c in enumerate(keep):
+            for r, c in enumerate(cuts):
                 if c < SEQ_LEN:
-                    rand = torch.tensor(list(os.urandom(SEQ_LEN - c)), dtype=torch.long) % vocab
-                    x2[r, c:] = rand
+                    x2[r, c:] = _random_tokens(SEQ_LEN - c, vocab)
                     x2[r, c] = (x[r, c] + 1 + _urandom_int(vocab - 1)) % vocab  # surely different
             probe = _check_logits(forward_fn(x2), B_EVAL, vocab)
-            for r, c in enumerate(keep):
+            for r, c in enumerate(cuts):
                 if c > 0:
                     diff = float((probe[r, :c] - base[r, :c]).abs().max())
                     if diff > CAUSAL_ATOL:
-                        raise EvalError(f"causality probe failed: logits of row {r} before position {c} changed by "
-                                        f"{diff:.3g} (> {CAUSAL_ATOL}) when {name} were replaced; the model reads "
-                                        "future tokens")
+                        raise EvalError(f"causality probe failed: the logits of row {r} before position {c} changed "
+                                        f"by {diff:.3g} (> {CAUSAL_ATOL}) when {what} were replaced; the model "
+                                        "reads future tokens")
 
 
 def evaluate_exported(model_path, data_dir=None):
