@@ -137,23 +137,18 @@ def content_text(content: Any) -> str:
 
 @dataclass
 class ToolOutput:
-    """A ``function_call_output`` / ``custom_tool_call_output`` item."""
+    """A ``function_call_output`` / ``custom_tool_call_output`` item.
+
+    Codex does not flag failures to the model: a denied apply_patch reads
+    "Command blocked by PreToolUse hook: <reason>. Command: ...", an MCP
+    ToolError reads "Wall time: ...\nOutput:\nError executing tool ...".
+    (In ``codex exec --json`` the ``mcp_tool_call`` item has status
+    "failed".)"""
 
     call_id: str
     type: str
     text: str
     raw: dict
-
-    @property
-    def is_error(self) -> bool | None:
-        """Codex marks some failures with ``success: false`` on the output;
-        None when it says nothing."""
-        out = self.raw.get("output")
-        if isinstance(out, dict) and "success" in out:
-            return not out["success"]
-        if "success" in self.raw:
-            return not self.raw["success"]
-        return None
 
 
 class ResponsesRequest:
