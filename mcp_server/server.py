@@ -6,13 +6,13 @@ state_read. LoopErrors become ToolErrors whose text tells the agent what to do.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from pathlib import Path
 from typing import Any, Callable, Literal, Optional
 
 import anyio
-import anyio.from_thread
 import anyio.to_thread
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
@@ -68,6 +68,7 @@ def build_server(workspace: Path | str) -> MCPServer:
         evaluator and record the result. The first call also measures the baseline on several seeds.
         Returns metrics and, on failure, the log tail. Takes minutes; progress is reported."""
         last = [0.0]
+        loop = asyncio.get_running_loop()  # progress arrives on the runner's reader thread, not an anyio worker
 
         def progress(step: int, loss: float, elapsed: float, remaining: float) -> None:
             now = time.monotonic()
@@ -76,7 +77,7 @@ def build_server(workspace: Path | str) -> MCPServer:
             last[0] = now
             total = elapsed + max(0.0, remaining)
             msg = f"step {step} loss {loss:.4f} {max(0.0, remaining):.0f}s left"
-            anyio.from_thread.run(lambda: ctx.report_progress(elapsed, total=total or None, message=msg))
+            asyncio.run_coroutine_threadsafe(ctx.report_progress(elapsed, total=total or None, message=msg), loop)
 
         return await in_thread(lambda e: e.run_experiment(description, hypothesis, confirm_of, on_progress=progress))
 

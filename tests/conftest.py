@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "bench" / "gpt"
 
 # Fast settings for loop tests: a few seconds of training, a small evaluation.
-FAST = {"benchmark": {"time_budget": 6.0, "grace_seconds": 45.0, "eval_tokens": 8192},
+FAST = {"benchmark": {"time_budget": 15.0, "grace_seconds": 45.0, "eval_tokens": 8192},
         "noise": {"baseline_seeds": 2, "min_delta": 0.002},
         "budget": {"max_experiments": 100, "max_hours": 10.0, "max_cost_usd": 10.0}}
 

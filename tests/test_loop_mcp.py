@@ -1,0 +1,103 @@
+"""The loop through the real MCP client: in process and over a real stdio subprocess.
+
+Each cycle trains real (tiny) models: the workspace's baseline has a deliberately
+low learning rate, so restoring the normal one is a real, reproducible gain and
+a near-zero learning rate a real loss.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from mcp import Client, StdioServerParameters
+
+from conftest import hobbled_bench, make_workspace, set_constant
+from mcp_server import gitops
+from mcp_server.server import build_server
+
+pytestmark = pytest.mark.slow
+
+
+async def _call(client, name, args=None, progress=None):
+    res = await client.call_tool(name, args or {}, progress_callback=progress)
+    assert not res.is_error, res.content
+    return res.structured_content
+
+
+async def _full_cycle(client, ws, progress_log):
+    root = ws.root
+    train = root / "train.py"
+    pinned = gitops.head_sha(root)
+
+    async def on_progress(done, total, message):
+        progress_log.append((done, total, message))
+
+    # 1. baseline (2 seeds) on the first call, with progress notifications
+    base = await _call(client, "run_experiment", {"description": "baseline"}, on_progress)
+    assert base["baseline"]["samples"] and len(base["baseline"]["samples"]) == 2
+    assert 0 < base["baseline"]["mean"] < 8
+    assert progress_log and "loss" in progress_log[-1][2]
+
+    # 2. a real improvement: restore the normal learning rate -> keep, branch advances
+    set_constant(train, "LR", "0.004")
+    good = await _call(client, "run_experiment", {"description": "normal learning rate",
+                                                   "hypothesis": "LR 2e-4 is far too low"})
+    assert good["status"] == "ok" and good["delta_vs_best"] < 0
+    verdict = await _call(client, "score", {})
+    assert verdict["verdict"] == "keep", verdict
+    good_commit = gitops.head_sha(root)
+    assert good_commit != pinned and verdict["best_commit"] == good_commit[:10]
+
+    # 3. a worse change -> discard, tree back at the best commit
+    set_constant(train, "LR", "0.0000001")
+    bad = await _call(client, "run_experiment", {"description": "tiny learning rate"})
+    assert bad["status"] == "ok" and bad["delta_vs_best"] > 0
+    verdict = await _call(client, "score", {"experiment_id": bad["experiment_id"]})
+    assert verdict["verdict"] == "discard"
+    assert gitops.head_sha(root) == good_commit and not gitops.is_dirty(root)
+    assert "LR = 0.004" in train.read_text()
+
+    # 4. revert: an uncommitted edit goes away
+    set_constant(train, "DEPTH", "1")
+    rev = await _call(client, "revert", {})
+    assert rev["commit"] == good_commit[:10] and "DEPTH = 1" not in train.read_text()
+
+    # 5. state and notes
+    await _call(client, "note", {"text": "LR below 1e-4 does not learn in 15 s", "kind": "dead_end"})
+    state = await _call(client, "state_read", {"view": "summary"})
+    assert state["summary"]["kept"] == 1 and state["summary"]["discarded"] == 1
+    notes = await _call(client, "state_read", {"view": "notes"})
+    assert notes["notes"][0]["kind"] == "dead_end"
+
+    # 6. the budget runs out -> should_stop
+    budget = await _call(client, "budget_check")
+    assert budget["should_stop"] is False and budget["experiments_used"] == 4
+    from mcp_server.config import dump_config, load_config
+    cfg = load_config(root)
+    cfg.budget.max_experiments = 4   # operational setting: the user may change it between sessions
+    (root / "loopwright.toml").write_text(dump_config(cfg))
+    budget = await _call(client, "budget_check")
+    assert budget["should_stop"] is True and "experiment budget spent" in budget["reasons"][0]
+    set_constant(train, "DEPTH", "3")
+    res = await client.call_tool("run_experiment", {"description": "one more"})
+    assert res.is_error and "budget is spent" in res.content[0].text
+
+
+async def test_full_cycle_in_process(tmp_path, small_corpus):
+    ws = make_workspace(tmp_path / "ws", small_corpus, bench_dir=hobbled_bench(tmp_path / "bench"))
+    async with Client(build_server(ws.root)) as client:
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+        assert {"run_experiment", "score", "revert", "budget_check", "state_read", "note"} <= set(tools)
+        assert tools["state_read"].annotations.read_only_hint is True
+        assert tools["run_experiment"].annotations.read_only_hint is False
+        assert tools["run_experiment"].output_schema is not None
+        await _full_cycle(client, ws, [])
+
+
+async def test_full_cycle_over_stdio(tmp_path, small_corpus):
+    ws = make_workspace(tmp_path / "ws", small_corpus, bench_dir=hobbled_bench(tmp_path / "bench"))
+    params = StdioServerParameters(command=sys.executable,
+                                   args=["-m", "mcp_server.cli", "serve", "--workspace", str(ws.root)])
+    async with Client(params, read_timeout_seconds=600) as client:
+        await _full_cycle(client, ws, [])
