@@ -1,0 +1,131 @@
+"""The Jira sink with the real `jira` client against a loopback fake of the Jira REST API."""
+from __future__ import annotations
+
+import base64
+import logging
+import time
+
+import pytest
+from fakes import Fault
+from fakes.fake_jira import FakeJira
+
+from mcp_server.config import JiraConfig, LoopwrightConfig
+from mcp_server.ledger import Ledger
+from mcp_server.notify.jira import JiraSink
+from mcp_server.notify.outbox import deliver_pending
+
+TOKEN, EMAIL = "jira-secret-token", "bot@example.com"
+KEEP = {"experiment_id": 4, "commit": "abcdef1234567890", "description": "swap GELU for SwiGLU",
+        "val_bpb": 0.9123, "previous_best": 0.9165, "baseline": 0.93, "sigma": 0.0006, "threshold": 0.0012,
+        "test_bpb": 0.914, "test_divergence": False}
+
+
+@pytest.fixture(params=["server", "cloud"])
+def fake(request):
+    with FakeJira(cloud=request.param == "cloud", email=EMAIL, token=TOKEN) as fj:
+        yield fj
+
+
+@pytest.fixture
+def ledger(tmp_path):
+    led = Ledger(tmp_path / "state.db")
+    led.cid = led.create_campaign("main", "loopwright/main", "abc123")
+    return led
+
+
+def sink_for(fake, ledger, token=TOKEN, **cfg):
+    c = JiraConfig(server=fake.url, project="LW", auth="cloud" if fake.cloud else "token", **cfg)
+    return JiraSink(c, ledger, token=token, email=EMAIL if fake.cloud else None, timeout=1)
+
+
+def drain(ledger, sink, passes=10):
+    now = time.time()
+    return [deliver_pending(ledger, None, [sink], now=now + i * 7200) for i in range(passes)]
+
+
+def test_issue_per_campaign_comment_per_keep_transition_at_end(fake, ledger):
+    ledger.add_event(ledger.cid, "campaign_start", {"tag": "main"}, sinks=["jira"])
+    ledger.add_event(ledger.cid, "keep", KEEP, sinks=["jira"])
+    ledger.add_event(ledger.cid, "keep", {**KEEP, "experiment_id": 5, "val_bpb": 0.91}, sinks=["jira"])
+    ledger.add_event(ledger.cid, "campaign_end", {"best": 0.91, "baseline": 0.93}, sinks=["jira"])
+    rep = deliver_pending(ledger, None, [sink_for(fake, ledger)])
+    assert rep.delivered == 4, rep
+    [(key, issue)] = fake.issues.items()
+    assert issue["fields"]["summary"] == "loopwright campaign main"
+    assert issue["fields"]["issuetype"] == {"name": "Task"} and issue["fields"]["status"]["name"] == "Done"
+    c1, c2, end = fake.comments(key)
+    assert "New best val_bpb 0.912300 (experiment #4, commit abcdef123456)" in c1
+    assert "vs previous best: -0.004200" in c1 and "vs baseline: -0.017700" in c1 and "SwiGLU" in c1
+    assert "experiment #5" in c2 and "Campaign ended" in end and "best 0.910000" in end
+    assert ledger.kv_get(f"jira.issue.LW.{ledger.cid}") == key
+    assert [d["external_ref"] for d in ledger.deliveries("jira")][:2] == [key, f"{key}#comment-100"]
+    auth = fake.requests[0].headers["authorization"]
+    assert auth == ("Basic " + base64.b64encode(f"{EMAIL}:{TOKEN}".encode()).decode() if fake.cloud
+                    else f"Bearer {TOKEN}")
+
+
+def test_issue_created_lazily_and_only_once(fake, ledger):
+    ledger.add_event(ledger.cid, "keep", KEEP, sinks=["jira"])           # no campaign_start seen
+    deliver_pending(ledger, None, [sink_for(fake, ledger)])
+    ledger.add_event(ledger.cid, "keep", {**KEEP, "experiment_id": 9}, sinks=["jira"])
+    deliver_pending(ledger, None, [sink_for(fake, ledger)])              # a new sink, e.g. the next session
+    assert len(fake.issues) == 1 and len(fake.calls("POST issue")) == 1
+    assert len(fake.comments(next(iter(fake.issues)))) == 2
+
+
+def test_faults_everywhere_still_give_one_issue_and_one_comment_each(fake, ledger):
+    ledger.add_event(ledger.cid, "campaign_start", {"tag": "main"}, sinks=["jira"])
+    for i in range(3):
+        ledger.add_event(ledger.cid, "keep", {**KEEP, "experiment_id": i}, sinks=["jira"])
+    ledger.add_event(ledger.cid, "budget_spent", {"reasons": ["max_hours 8 reached"]}, sinks=["jira"])
+    ledger.add_event(ledger.cid, "campaign_end", {"best": 0.9}, sinks=["jira"])
+    fake.inject("GET serverInfo", Fault(status=503))
+    fake.inject("POST issue", Fault(stall_s=1.5))                       # created, but the reply is lost
+    fake.inject("POST issue/{key}/comment", Fault(status=500), Fault(stall_s=1.5), Fault(status=429, retry_after=1))
+    fake.inject("POST issue/{key}/transitions", Fault(status=502))
+    reports = drain(ledger, sink_for(fake, ledger))
+    assert sum(r.delivered for r in reports) == 6
+    assert all(d["status"] == "delivered" for d in ledger.deliveries("jira"))
+    [(key, issue)] = fake.issues.items()                               # the lost create was found, not repeated
+    comments = fake.comments(key)
+    assert len(comments) == 5 and len(set(comments)) == 5              # 3 keeps + budget + end, once each
+    assert sorted(int(c.split("experiment #")[1].split(",")[0]) for c in comments if "New best" in c) == [0, 1, 2]
+    assert issue["fields"]["status"]["name"] == "Done"
+    assert len(fake.calls("POST issue/{key}/transitions")) == 2        # the 502, then one transition
+
+
+def test_missing_transition_is_reported_with_the_choices(fake, ledger):
+    ledger.add_event(ledger.cid, "campaign_end", {}, sinks=["jira"])
+    rep = deliver_pending(ledger, None, [sink_for(fake, ledger, done_transition="Closed")])
+    err = ledger.deliveries("jira")[0]["last_error"]
+    assert rep.failed == 1 and "no transition named 'Closed'" in err and "'Done'" in err
+
+
+def test_bad_credentials_stop_the_pass_and_never_leak(fake, ledger, caplog):
+    caplog.set_level(logging.DEBUG)
+    for i in range(3):
+        ledger.add_event(ledger.cid, "keep", {**KEEP, "experiment_id": i}, sinks=["jira"])
+    rep = deliver_pending(ledger, None, [sink_for(fake, ledger, token="wrong-secret-xyz")])
+    assert rep.failed == 1 and "HTTP 401" in rep.sinks["jira"].errors[0]
+    assert [d["attempts"] for d in ledger.deliveries("jira")] == [1, 0, 0]
+    basic = base64.b64encode(f"{EMAIL}:wrong-secret-xyz".encode()).decode()
+    for text in [caplog.text, *(d["last_error"] or "" for d in ledger.deliveries("jira"))]:
+        assert "wrong-secret-xyz" not in text and basic not in text
+
+
+def test_unreachable_jira_is_recorded_not_raised(ledger):
+    ledger.add_event(ledger.cid, "keep", KEEP, sinks=["jira"])
+    sink = JiraSink(JiraConfig(server="http://127.0.0.1:9", project="LW", auth="token"), ledger, token=TOKEN,
+                    timeout=1)
+    rep = deliver_pending(ledger, None, [sink])
+    assert rep.failed == 1 and "ConnectionError" in ledger.deliveries("jira")[0]["last_error"]
+
+
+def test_configured_from_env_names(fake, ledger):
+    ledger.add_event(ledger.cid, "keep", KEEP, sinks=["jira"])
+    cfg = LoopwrightConfig(jira=JiraConfig(server=fake.url, project="LW", auth="cloud" if fake.cloud else "token",
+                                           token_env="MY_JIRA_TOKEN"))
+    rep = deliver_pending(ledger, cfg, env={})
+    assert "MY_JIRA_TOKEN" in rep.notes[0] and fake.requests == []
+    rep = deliver_pending(ledger, cfg, env={"MY_JIRA_TOKEN": TOKEN, "JIRA_EMAIL": EMAIL})
+    assert rep.delivered == 1 and len(fake.issues) == 1

@@ -1,0 +1,201 @@
+"""The Slack sink with the real slack_sdk clients against a loopback fake of the Slack API."""
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+from fakes import Fault
+from fakes.fake_slack import FakeSlack
+
+from mcp_server.config import LoopwrightConfig, SlackConfig
+from mcp_server.ledger import Ledger
+from mcp_server.notify.outbox import deliver_pending
+from mcp_server.notify.slack import SlackSink, render
+
+TOKEN = "xoxb-test-token"
+KEEP = {"experiment_id": 12, "commit": "abcdef1234567890", "description": "raise LR to 3e-3 <!channel> & warmup",
+        "val_bpb": 0.9123, "previous_best": 0.9165, "baseline": 0.9300, "delta_vs_best": -0.0042,
+        "delta_vs_baseline": -0.0177, "sigma": 0.0006, "threshold": 0.0012, "test_bpb": 0.9150,
+        "test_divergence": False, "tag": "main"}
+
+
+@pytest.fixture
+def fake():
+    with FakeSlack(TOKEN) as fs:
+        yield fs
+
+
+@pytest.fixture
+def ledger(tmp_path):
+    led = Ledger(tmp_path / "state.db")
+    led.cid = led.create_campaign("main", "loopwright/main", "abc123")
+    return led
+
+
+def sink_for(fake, ledger, channel="C0RESEARCH", **kw):
+    return SlackSink(SlackConfig(channel=channel, base_url=fake.api_url), ledger, token=TOKEN, timeout=1, **kw)
+
+
+def drain(ledger, sink, passes=12):
+    """Run delivery passes with the clock far enough ahead that every retry is due."""
+    reports, now = [], time.time()
+    for i in range(passes):
+        reports.append(deliver_pending(ledger, None, [sink], now=now + i * 7200))
+    return reports
+
+
+def test_keep_message_blocks_and_plot_upload(fake, ledger, tmp_path):
+    png = tmp_path / "progress.png"
+    png.write_bytes(b"\x89PNG\r\n fake plot")
+    eid = ledger.add_event(ledger.cid, "keep", {**KEEP, "plot_path": str(png)}, sinks=["slack"])
+    rep = deliver_pending(ledger, None, [sink_for(fake, ledger)])
+    assert rep.delivered == 1, rep
+    [msg] = fake.messages
+    header, fields, desc, ctx = msg["blocks"]
+    assert header["text"]["text"] == "New best val_bpb 0.9123 (-0.0042) · main"
+    text = " ".join(f["text"] for f in fields["fields"])
+    for part in ("0.912300", "-0.004200", "was 0.916500", "-0.017700", "baseline 0.930000", "σ 0.00060",
+                 "threshold 0.00120", "`abcdef123456`", "test_bpb 0.9150 · consistent"):
+        assert part in text, part
+    assert desc["text"]["text"] == "raise LR to 3e-3 &lt;!channel&gt; &amp; warmup"   # no mass mention
+    assert "experiment #12" in ctx["elements"][0]["text"]
+    assert msg["metadata"]["event_payload"]["id"].endswith(f":{eid}")
+    # the plot: three requests (get URL, upload bytes, complete) into the message's thread
+    assert [fake.route(r) for r in fake.requests[1:]] == [
+        "files.getUploadURLExternal", "upload", "files.completeUploadExternal"]
+    [f] = fake.shared_files()
+    assert f["data"] == png.read_bytes() and f["thread_ts"] == msg["ts"] and f["channel"] == "C0RESEARCH"
+    assert ledger.deliveries("slack")[0]["external_ref"] == f"C0RESEARCH:{msg['ts']}:file:F0001"
+
+
+def test_divergence_flag_and_long_header(fake, ledger):
+    text, blocks = render("keep", {**KEEP, "test_divergence": True, "test_bpb": 0.95}, "t" * 300)
+    assert len(blocks[0]["text"]["text"]) == 150 and blocks[0]["text"]["text"].endswith("…")
+    assert ":warning: test_bpb 0.9500 diverges" in blocks[1]["fields"][5]["text"]
+    # missing payload keys do not break rendering
+    text, blocks = render("keep", {"val_bpb": 0.9, "previous_best": 0.95}, "main")
+    assert text == "New best val_bpb 0.9000 (-0.0500) · main"
+
+
+def test_no_plot_file_means_no_upload(fake, ledger, tmp_path):
+    ledger.add_event(ledger.cid, "keep", {**KEEP, "plot_path": str(tmp_path / "missing.png")}, sinks=["slack"])
+    assert deliver_pending(ledger, None, [sink_for(fake, ledger)]).delivered == 1
+    assert [fake.route(r) for r in fake.requests] == ["chat.postMessage"]
+
+
+def test_faults_everywhere_still_deliver_each_message_exactly_once(fake, ledger, tmp_path):
+    png = tmp_path / "progress.png"
+    png.write_bytes(b"png")
+    ids = [ledger.add_event(ledger.cid, "keep", {**KEEP, "experiment_id": i, "plot_path": str(png)},
+                            sinks=["slack"]) for i in range(3)]
+    ids.append(ledger.add_event(ledger.cid, "tamper", {"files": ["prepare.py"], "action": "restored"},
+                                sinks=["slack"]))
+    fake.inject("chat.postMessage",
+                Fault(status=429, retry_after=1), Fault(status=500), Fault(stall_s=1.6),  # stall: posted, reply lost
+                Fault(status=503), Fault(stall_s=1.6))
+    fake.inject("files.completeUploadExternal", Fault(status=503), Fault(stall_s=1.6, status=0))
+    fake.inject("upload", Fault(status=500))
+    reports = drain(ledger, sink_for(fake, ledger))
+    assert sum(r.delivered for r in reports) == 4
+    assert all(d["status"] == "delivered" for d in ledger.deliveries("slack"))
+    posted = [m["metadata"]["event_payload"]["id"].split(":")[1] for m in fake.messages]
+    assert sorted(map(int, posted)) == ids                                 # each message exactly once
+    assert len(fake.calls("conversations.history")) >= 2     # the stalled posts were found, not re-posted
+    assert sum(r.status == 429 for r in fake.calls("chat.postMessage")) == 1
+    # every keep has its plot in its own thread; a plot may be shared twice only if the
+    # completion reply itself was lost (the stalled completeUploadExternal above)
+    threads = {f["thread_ts"] for f in fake.shared_files()}
+    assert threads == {m["ts"] for m in fake.messages if m["text"].startswith("New best")}
+
+
+def test_rate_limit_schedules_the_retry_after_retry_after(fake, ledger):
+    eid = ledger.add_event(ledger.cid, "plateau", {"experiments_since_keep": 9}, sinks=["slack"])
+    fake.inject("chat.postMessage", Fault(status=429, retry_after=5000))
+    now = time.time()
+    rep = deliver_pending(ledger, None, [sink_for(fake, ledger)], now=now)
+    assert rep.failed == 1 and "HTTP 429" in rep.sinks["slack"].errors[0]
+    d = ledger.deliveries("slack")[0]
+    assert d["event_id"] == eid and d["next_attempt_at"] >= now + 5000
+    assert deliver_pending(ledger, None, [sink_for(fake, ledger)], now=now + 4000).delivered == 0
+    assert deliver_pending(ledger, None, [sink_for(fake, ledger)], now=now + 5001).delivered == 1
+    assert len(fake.messages) == 1
+
+
+def test_upload_retry_does_not_post_the_message_again(fake, ledger, tmp_path):
+    png = tmp_path / "p.png"
+    png.write_bytes(b"png")
+    ledger.add_event(ledger.cid, "keep", {**KEEP, "plot_path": str(png)}, sinks=["slack"])
+    fake.inject("files.getUploadURLExternal", Fault(status=500), Fault(status=502))
+    # without channels:history the saved ts alone must prevent a second post
+    fake.inject("conversations.history", *[Fault(status=200, body={"ok": False, "error": "missing_scope"})] * 3)
+    drain(ledger, sink_for(fake, ledger), passes=4)
+    assert len(fake.calls("chat.postMessage")) == 1 and len(fake.messages) == 1
+    assert len(fake.shared_files()) == 1
+
+
+def test_alerts_and_session_summary(fake, ledger):
+    events = [("crash_streak", {"count": 2, "last_reason": "OOM"}),       # below [slack] crash_streak = 3
+              ("crash_streak", {"count": 4, "last_reason": "CUDA out of memory"}),
+              ("tamper", {"files": ["prepare.py", ".loopwright/data/val.bin"], "action": "restored; not scored"}),
+              ("plateau", {"experiments_since_keep": 15}),
+              ("budget_spent", {"reasons": ["max_experiments 50 reached"]}),
+              ("session_end", {"agent": "claude", "trigger": "cron", "exit_code": 0, "cost_usd": 1.234,
+                               "turns": 40, "experiments": 9, "kept": 2}),
+              ("discard", {})]                                              # not announced
+    for kind, payload in events:
+        ledger.add_event(ledger.cid, kind, payload, sinks=["slack"])
+    rep = deliver_pending(ledger, None, [sink_for(fake, ledger)])
+    assert rep.delivered == 6 and rep.sinks["slack"].skipped == 1
+    texts = [m["text"] for m in fake.messages]
+    assert texts == ["4 crashes in a row · main", "Tamper attempt on frozen files · main", "Plateau · main",
+                     "Budget spent · main", "Session ended (claude, cron) · main"]
+    bodies = [m["blocks"][1]["text"]["text"] for m in fake.messages]
+    assert "CUDA out of memory" in bodies[0] and "prepare.py, .loopwright/data/val.bin" in bodies[1]
+    assert "15 experiments since the last keep" in bodies[2] and "max_experiments 50 reached" in bodies[3]
+    assert "cost $1.23" in bodies[4] and "9 experiments" in bodies[4] and "2 kept" in bodies[4]
+
+
+def test_incoming_webhook_mode(fake, ledger):
+    ledger.add_event(ledger.cid, "keep", KEEP, sinks=["slack"])
+    ledger.add_event(ledger.cid, "budget_spent", {"reasons": ["max_hours"]}, sinks=["slack"])
+    cfg = LoopwrightConfig(slack=SlackConfig())
+    fake.inject("webhook", Fault(status=429, retry_after=1), Fault(status=500))
+    env = {"SLACK_WEBHOOK_URL": fake.webhook_url}
+    now = time.time()
+    for i in range(4):
+        deliver_pending(ledger, cfg, env=env, now=now + i * 7200)
+    assert [m["text"] for m in fake.messages] == ["New best val_bpb 0.9123 (-0.0042) · main", "Budget spent · main"]
+    assert all(m["via"] == "webhook" for m in fake.messages)
+    assert {d["external_ref"] for d in ledger.deliveries("slack")} == {"webhook"}
+
+
+def test_bad_token_stops_the_pass_and_never_leaks(fake, ledger, caplog):
+    caplog.set_level(logging.DEBUG)
+    for i in range(3):
+        ledger.add_event(ledger.cid, "plateau", {"experiments_since_keep": i}, sinks=["slack"])
+    sink = SlackSink(SlackConfig(channel="C0RESEARCH", base_url=fake.api_url), ledger,
+                     token="xoxb-wrong-secret-value", timeout=1)
+    rep = deliver_pending(ledger, None, [sink])
+    assert rep.failed == 1 and "invalid_auth" in rep.sinks["slack"].errors[0]
+    assert [d["attempts"] for d in ledger.deliveries("slack")] == [1, 0, 0]
+    assert "xoxb-wrong-secret-value" not in caplog.text
+    assert all("xoxb-wrong" not in (d["last_error"] or "") for d in ledger.deliveries("slack"))
+
+
+def test_unreachable_slack_is_recorded_not_raised(ledger):
+    ledger.add_event(ledger.cid, "plateau", {}, sinks=["slack"])
+    sink = SlackSink(SlackConfig(channel="C0RESEARCH", base_url="http://127.0.0.1:9/api/"), ledger,
+                     token=TOKEN, timeout=1)
+    rep = deliver_pending(ledger, None, [sink])
+    assert rep.failed == 1
+    assert ledger.deliveries("slack")[0]["last_error"].startswith("Slack chat.postMessage: URLError")
+
+
+def test_missing_token_keeps_events_pending(fake, ledger):
+    ledger.add_event(ledger.cid, "keep", KEEP, sinks=["slack"])
+    cfg = LoopwrightConfig(slack=SlackConfig(channel="C0RESEARCH", base_url=fake.api_url))
+    rep = deliver_pending(ledger, cfg, env={})
+    assert "SLACK_BOT_TOKEN" in rep.notes[0] and fake.requests == []
+    rep = deliver_pending(ledger, cfg, env={"SLACK_BOT_TOKEN": TOKEN})
+    assert rep.delivered == 1 and len(fake.messages) == 1
