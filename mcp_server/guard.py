@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import sys
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
@@ -44,6 +45,7 @@ PATCH_TOOLS = {"apply_patch", "ApplyPatch", "applypatch"}
 SHELL_TOOLS = {"Bash", "shell", "exec_command", "local_shell", "shell_command", "container.exec",
                "unified_exec"}
 STDIN_TOOLS = {"write_stdin"}    # Codex: keystrokes typed into a running shell session
+GIT_TOOLS = {"EnterWorktree"}    # Claude Code: creates a branch + worktree in the loop's repository
 PATH_KEYS_IN_INPUT = ("file_path", "notebook_path", "path")
 
 # Results that carry the hidden test score live in the state dir; the agent gets val_bpb
@@ -467,6 +469,9 @@ def decide_pre_tool_use(payload: dict, policy: Policy) -> Decision:
         return _decide_patch(inp, cwd, policy)
     if tool in SHELL_TOOLS or tool in STDIN_TOOLS:
         return _decide_shell(tool, inp, cwd, policy)
+    if tool in GIT_TOOLS:
+        return _deny(f"{tool} creates a branch and a worktree in the loop's repository. The loop owns git: "
+                     f"work in this workspace, edit {policy.editable[0]} and call run_experiment.")
     return _decide_unknown(tool, inp, cwd, policy)
 
 
@@ -547,9 +552,11 @@ def _shell_text(tool: str, inp: dict) -> Optional[str]:
     for key in keys:
         value = inp.get(key)
         if isinstance(value, list) and value:
-            import shlex
             return shlex.join(str(v) for v in value)   # ["bash", "-lc", "..."] is analysed as such
         if isinstance(value, str):
+            shell = inp.get("shell")                   # Codex exec_command may name another interpreter
+            if isinstance(shell, str) and shell and tool not in STDIN_TOOLS:
+                return shlex.join([shell, "-c", value])
             return value
     return None
 

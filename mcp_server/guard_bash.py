@@ -367,12 +367,18 @@ _KEYWORDS = {"if", "then", "else", "elif", "fi", "do", "done", "while", "until",
 _HEADER_KEYWORDS = {"for", "select", "case"}   # the rest of such a "command" is a header, not a command
 
 
-def parse(text: str) -> tuple[list[Command], list[str]]:
-    """Commands in order (pipelines linked through pipe_from) and the substitutions to analyse."""
+def parse(text: str) -> tuple[list[Command], list[str], bool]:
+    """Commands in order (pipelines linked through pipe_from), the substitutions to analyse, and
+    whether the text is not really shell: `word(args)` is a bash syntax error but a function call in
+    Python, JavaScript, ... (Codex's exec_command can run its text with another `shell`)."""
     tokens, subs = _Lexer(text).lex()
     commands: list[Command] = []
     cur = Command()
-    for tok in tokens:
+    not_shell = False
+    for k, tok in enumerate(tokens):
+        if isinstance(tok, Op) and tok.op == "(" and cur.words:
+            nxt = tokens[k + 1] if k + 1 < len(tokens) else None
+            not_shell = not_shell or not (isinstance(nxt, Op) and nxt.op == ")")   # f() { ...; } is shell
         if isinstance(tok, Word):
             cur.words.append(tok)
         elif isinstance(tok, Redir):
@@ -386,7 +392,7 @@ def parse(text: str) -> tuple[list[Command], list[str]]:
             cur = nxt
     if cur.words or cur.redirs:
         commands.append(cur)
-    return commands, subs
+    return commands, subs, not_shell
 
 
 # --------------------------------------------------------------------------- expansion
@@ -565,10 +571,12 @@ class ShellGuard:
             raise Denied("the command nests shells or substitutions too deeply for the guard to "
                          "check; run the steps as separate, plain commands.")
         try:
-            commands, subs = parse(text)
+            commands, subs, not_shell = parse(text)
         except ShellParseError as e:
             self._unparsable(text, e)
             return
+        if not_shell:
+            self.script(text, "script", "this command is not valid shell (it may run under another interpreter)")
         for sub in subs:
             self._child().run(sub)
         for cmd in commands:
@@ -743,8 +751,8 @@ class ShellGuard:
         if arg.kind == "dynamic":
             hit = self.policy.pattern_hits(arg.text, self.cwd, covers=recursive)
             if hit:
-                raise Denied(f"{how} writes to {arg.shown}, which the guard cannot resolve before it runs "
-                             f"and which could be {hit}. Use a literal path outside the protected files.")
+                raise Denied(f"{how}: the guard cannot resolve {arg.shown} before the command runs, and it "
+                             f"could be {hit}. Use a literal path outside the protected files.")
 
     def read(self, arg: Arg, recursive: bool = False):
         for path in self._concrete(arg):
@@ -1087,14 +1095,14 @@ def _h_delete(g: ShellGuard, args, stdin, env):
     opts, pos = parse_opts(args[1:])
     recursive = _has(opts, "-r", "-R", "--recursive")
     for a in pos:
-        g.delete(a, f"{_literal_text(args[0])} {a.text}", recursive=recursive)
+        g.delete(a, f"{_literal_text(args[0])} {a.shown}", recursive=recursive)
 
 
 def _h_writes_all(short_val: str = "", long_val: tuple = ()):
     def handler(g: ShellGuard, args, stdin, env):
         opts, pos = parse_opts(args[1:], short_val=short_val, long_val=long_val)
         for a in pos:
-            g.write(a, f"{_literal_text(args[0])} {a.text}")
+            g.write(a, f"{_literal_text(args[0])} {a.shown}")
     return handler
 
 
@@ -1108,7 +1116,7 @@ def _h_chmod(g: ShellGuard, args, stdin, env):
     has_ref = any(a.text.startswith("--reference") for a in rest)
     targets = pos if has_ref else pos[1:]          # first positional is the mode / owner
     for a in targets:
-        g.write(a, f"{name} {a.text}", recursive=recursive)
+        g.write(a, f"{name} {a.shown}", recursive=recursive)
 
 
 def _h_copy(move: bool):
@@ -1120,7 +1128,7 @@ def _h_copy(move: bool):
         tdir = _vals(opts, "-t", "--target-directory")
         if name == "install" and _has(opts, "-d", "--directory"):
             for a in pos:
-                g.write(a, f"install -d {a.text}")
+                g.write(a, f"install -d {a.shown}")
             return
         if tdir:
             dest, sources, into_dir = tdir[0], pos, True
@@ -1132,15 +1140,15 @@ def _h_copy(move: bool):
             return
         for src in sources:
             if move:
-                g.delete(src, f"{name} {src.text}", recursive=True)
+                g.delete(src, f"{name} {src.shown}", recursive=True)
             else:
                 g.read(src, recursive=recursive)
             if into_dir:
                 base = os.path.basename(src.text.rstrip("/")) or "."
-                g.write(dest.derive(os.path.join(dest.text, base)), f"{name} into {dest.text}",
+                g.write(dest.derive(os.path.join(dest.text, base)), f"{name} into {dest.shown}",
                         recursive=recursive)
         if not into_dir:
-            g.write(dest, f"{name} onto {dest.text}", recursive=recursive)
+            g.write(dest, f"{name} onto {dest.shown}", recursive=recursive)
     return handler
 
 
@@ -1149,7 +1157,7 @@ def _h_ln(g: ShellGuard, args, stdin, env):
     opts, pos = parse_opts(args[1:], short_val="tS", long_val=("--target-directory", "--suffix"))
     tdir = _vals(opts, "-t", "--target-directory")
     for a in pos + tdir:
-        g.write(a, f"ln {a.text} (a link to a protected file is a way to write it)")
+        g.write(a, f"ln {a.shown} (a link to a protected file is a way to write it)")
     if len(pos) == 1 and not tdir:
         g.write(pos[0].derive(os.path.basename(pos[0].text)), "ln into the current directory")
 
@@ -1164,7 +1172,7 @@ def _h_rsync(g: ShellGuard, args, stdin, env):
             g.read(src, recursive=True)
     dest = pos[-1]
     if ":" not in dest.text:
-        g.write(dest, f"rsync to {dest.text}", recursive=True)
+        g.write(dest, f"rsync to {dest.shown}", recursive=True)
 
 
 def _h_dd(g: ShellGuard, args, stdin, env):
@@ -1176,7 +1184,7 @@ def _h_dd(g: ShellGuard, args, stdin, env):
 def _h_tee(g: ShellGuard, args, stdin, env):
     opts, pos = parse_opts(args[1:])
     for a in pos:
-        g.write(a, f"tee {a.text}")
+        g.write(a, f"tee {a.shown}")
         if a.kind == "static" and stdin is not None:
             g.written[g._abs(a.text)] = stdin
 
@@ -1184,13 +1192,13 @@ def _h_tee(g: ShellGuard, args, stdin, env):
 def _h_truncate(g: ShellGuard, args, stdin, env):
     opts, pos = parse_opts(args[1:], short_val="sr", long_val=("--size", "--reference"))
     for a in pos:
-        g.write(a, f"truncate {a.text}")
+        g.write(a, f"truncate {a.shown}")
 
 
 def _h_touch(g: ShellGuard, args, stdin, env):
     opts, pos = parse_opts(args[1:], short_val="dtr", long_val=("--date", "--reference", "--time"))
     for a in pos:
-        g.write(a, f"touch {a.text}")
+        g.write(a, f"touch {a.shown}")
 
 
 def _h_sed(g: ShellGuard, args, stdin, env):
@@ -1201,7 +1209,7 @@ def _h_sed(g: ShellGuard, args, stdin, env):
         scripts, files = [pos[0].text], pos[1:]
     if _sed_in_place(args[1:]):
         for a in files:
-            g.write(a, f"sed -i on {a.text}")
+            g.write(a, f"sed -i on {a.shown}")
     for script in scripts:
         # sed's own w/W commands (and the s///w flag) write files; e runs a shell command
         for m in re.finditer(r"(?:^|[;}\n/0-9$gpIiMme])\s*[wW]\s*([^;\n}]+)", script):
@@ -1265,7 +1273,7 @@ def _perl_like(lang: str):
                 g.script(stdin, lang, f"the {lang} code on stdin")
         if in_place:
             for a in files:
-                g.write(a, f"{lang} -i on {a.text}")
+                g.write(a, f"{lang} -i on {a.shown}")
     return handler
 
 
@@ -1308,7 +1316,7 @@ def _h_awk(g: ShellGuard, args, stdin, env):
         g.script(p, "awk", "awk program")
     if any(v.text == "inplace" for v in _vals(opts, "-i", "--include")):
         for a in files:
-            g.write(a, f"awk -i inplace on {a.text}")
+            g.write(a, f"awk -i inplace on {a.shown}")
 
 
 def _h_sh(g: ShellGuard, args, stdin, env):
@@ -1535,7 +1543,7 @@ def _h_patch(g: ShellGuard, args, stdin, env):
     for v in _vals(opts, "-o", "--output"):
         g.write(v, "patch -o")
     if pos:
-        g.write(pos[0], f"patch {pos[0].text}")
+        g.write(pos[0], f"patch {pos[0].shown}")
         return
     inputs = _vals(opts, "-i", "--input")
     text = g._file_text(inputs[0]) if inputs else stdin
@@ -1585,7 +1593,7 @@ def _h_unzip(g: ShellGuard, args, stdin, env):
 def _h_zip(g: ShellGuard, args, stdin, env):
     opts, pos = parse_opts(args[1:], short_val="xibnt")
     if pos:
-        g.write(pos[0], f"zip {pos[0].text}")
+        g.write(pos[0], f"zip {pos[0].shown}")
         for a in pos[1:]:
             g.read(a, recursive=_has(opts, "-r", "-R"))
 
@@ -1595,14 +1603,14 @@ def _h_compress(g: ShellGuard, args, stdin, env):
     if _has(opts, "-c", "--stdout", "-l", "--list", "-t", "--test"):
         return
     for a in pos:
-        g.write(a, f"{_literal_text(args[0])} {a.text} (replaces the file)")
+        g.write(a, f"{_literal_text(args[0])} {a.shown} (replaces the file)")
 
 
 def _h_download(out_flags: tuple):
     def handler(g: ShellGuard, args, stdin, env):
         for i, a in enumerate(args[1:], 1):
             if a.text in out_flags and i + 1 < len(args):
-                g.write(args[i + 1], f"{_literal_text(args[0])} {a.text}")
+                g.write(args[i + 1], f"{_literal_text(args[0])} {a.shown}")
             elif any(a.text.startswith(f + "=") for f in out_flags if f.startswith("--")):
                 g.write(a.derive(a.text.partition("=")[2]), _literal_text(args[0]))
     return handler
@@ -1618,7 +1626,7 @@ def _h_second_positional(g: ShellGuard, args, stdin, env):
     """uniq IN OUT, xxd -r IN OUT: the second positional is written."""
     pos = [a for a in args[1:] if not a.text.startswith("-")]
     if len(pos) >= 2:
-        g.write(pos[1], f"{_literal_text(args[0])} {pos[1].text}")
+        g.write(pos[1], f"{_literal_text(args[0])} {pos[1].shown}")
 
 
 _HANDLERS: dict[str, Callable] = {
