@@ -199,3 +199,21 @@ def test_missing_token_keeps_events_pending(fake, ledger):
     assert "SLACK_BOT_TOKEN" in rep.notes[0] and fake.requests == []
     rep = deliver_pending(ledger, cfg, env={"SLACK_BOT_TOKEN": TOKEN})
     assert rep.delivered == 1 and len(fake.messages) == 1
+
+
+def test_notify_workspace_with_the_reports_plot(fake, tmp_path, monkeypatch):
+    """`loopwright notify` end to end: config and token from the workspace and the environment; the
+    plot defaults to .loopwright/reports/progress.png when the payload names none."""
+    from mcp_server.notify.outbox import notify_workspace
+
+    ws = tmp_path / "ws"
+    (ws / ".git").mkdir(parents=True)
+    (ws / "loopwright.toml").write_text(f'[slack]\nchannel = "C0RESEARCH"\nbase_url = "{fake.api_url}"\n')
+    (ws / ".loopwright" / "reports").mkdir(parents=True)
+    (ws / ".loopwright" / "reports" / "progress.png").write_bytes(b"report plot")
+    with Ledger(ws / ".loopwright" / "state.db") as led:
+        led.add_event(led.create_campaign("main", "loopwright/main", "abc"), "keep", KEEP, sinks=["slack"])
+    monkeypatch.setenv("SLACK_BOT_TOKEN", TOKEN)
+    rep = notify_workspace(ws)
+    assert rep.delivered == 1, rep
+    assert len(fake.messages) == 1 and [f["data"] for f in fake.shared_files()] == [b"report plot"]

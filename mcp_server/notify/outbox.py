@@ -198,3 +198,12 @@ def _deliver_sink(ledger, sink, now: float, rep: SinkReport, max_attempts: int, 
             continue
         ledger.mark_delivered(eid, sink.name, ref)
         rep.delivered += 1
+
+
+def notify_workspace(root=None) -> DeliveryReport:
+    """`loopwright notify`: one delivery pass for the workspace at `root` (default: found from the cwd)."""
+    from mcp_server.workspace import Workspace
+
+    ws = Workspace.find(root)
+    with ws.ledger() as ledger:
+        return deliver_pending(ledger, ws.cfg)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 from typing import Mapping, Optional
 
 from slack_sdk import WebClient
@@ -184,7 +185,8 @@ class SlackSink:
                               text=text, blocks=blocks, unfurl_links=False, unfurl_media=False,
                               metadata={"event_type": METADATA_TYPE,
                                         "event_payload": {"id": uid, "kind": event.kind}})
-            self.ledger.kv_set(self._channel_key(), resp["channel"])
+            if self.ledger.kv_get(self._channel_key()) != resp["channel"]:
+                self.ledger.kv_set(self._channel_key(), resp["channel"])   # for _find_posted
             ref = f"{resp['channel']}:{resp['ts']}"
             event.checkpoint(ref)
         return self._upload_plot(event, ref)
@@ -194,7 +196,8 @@ class SlackSink:
         return f"slack.channel_id.{self.cfg.channel}"
 
     def _upload_plot(self, event: Event, ref: str) -> str:
-        path = event.payload.get("plot_path")
+        # the payload names the plot; else the report's plot next to the ledger (.loopwright/reports)
+        path = event.payload.get("plot_path") or str(Path(self.ledger.path).parent / "reports" / "progress.png")
         if (event.kind != "keep" or not self.cfg.upload_plot or ":file:" in ref or ":plot-failed" in ref
                 or not path or not os.path.isfile(path)):
             return ref

@@ -190,6 +190,11 @@ def scheduler_for(root: Path | str, start_session: Optional[StartSession] = None
                      start_session or default_starter(ws.root))
 
 
+def tick(root: Path | str) -> list[TickResult]:
+    """`loopwright cron --once`: one tick, for system cron or a systemd timer (every minute)."""
+    return scheduler_for(root).run_once()
+
+
 def serve_forever(root: Path | str) -> int:
     """`loopwright cron`: the foreground daemon; exits 0 on SIGTERM or SIGINT."""
     sched = scheduler_for(root)
