@@ -38,10 +38,19 @@ def cmd_init(args) -> int:
 
 @command("serve")
 def cmd_serve(args) -> int:
-    from .server import serve
-    from .workspace import Workspace
+    import os
 
-    serve(Workspace.find(args.workspace).root, http=args.http, host=args.host, port=args.port)
+    from .server import serve
+    from .workspace import Workspace, WorkspaceError
+
+    start = args.workspace or os.environ.get("LOOPWRIGHT_WORKSPACE") or os.getcwd()
+    try:
+        root = Workspace.find(start).root
+    except WorkspaceError as e:
+        # Start anyway: a plugin's server must come up so the agent can read why nothing works.
+        print(f"loopwright: {e}; serving anyway, every tool will say so", file=sys.stderr)
+        root = Path(start).expanduser().resolve()
+    serve(root, http=args.http, host=args.host, port=args.port)
     return 0
 
 

@@ -34,16 +34,24 @@ View = Literal["summary", "history", "best", "notes", "noise", "tried"]
 NoteKind = Literal["lesson", "dead_end", "idea", "observation"]
 
 
-def build_server(workspace: Path | str) -> MCPServer:
+def build_server(workspace: Path | str, strict: bool = True) -> MCPServer:
+    """The server for one workspace. strict=False still starts on a broken or missing workspace (as a
+    plugin must, so the agent sees why) and reports the problem on every tool call."""
     root = Path(workspace).expanduser().resolve()
-    Engine(root, recover=True).close()   # fail fast on a broken workspace; mark orphaned runs interrupted
+    try:
+        Engine(root, recover=True).close()   # mark runs orphaned by a dead server as interrupted
+    except Exception as e:
+        if strict:
+            raise
+        log.warning("workspace %s is not usable yet: %s", root, e)
     server = MCPServer("loopwright", version=__version__, instructions=INSTRUCTIONS)
 
     def call(fn: Callable[[Engine], Any]) -> Any:
         try:
             eng = Engine(root, recover=False)
         except Exception as e:  # config/workspace problems are the user's to fix: say how
-            raise ToolError(f"loopwright cannot open the workspace {root}: {e}") from None
+            raise ToolError(f"loopwright cannot open the workspace {root}: {e}. Tell the user; the loop cannot "
+                            "run until this is fixed (`loopwright doctor` explains what is wrong).") from None
         try:
             return fn(eng)
         except LoopError as e:
@@ -127,7 +135,7 @@ def _register_extensions(server: MCPServer, in_thread) -> None:
 
 def serve(workspace: Path | str, http: bool = False, host: str = "127.0.0.1", port: int = 8765) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    server = build_server(workspace)
+    server = build_server(workspace, strict=False)
     if http:
         server.run("streamable-http", host=host, port=port)
     else:
