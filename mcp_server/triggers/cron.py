@@ -216,8 +216,10 @@ def install_lines(workspace: Path | str, python: str) -> dict[str, str]:
     cmd = f"{py} -m mcp_server.cli cron --once"   # run in the workspace: the CLI finds it from the cwd
     log_path = shlex.quote(str(ws / ".loopwright" / "cron.log"))
     crontab = f"* * * * * cd {shlex.quote(str(ws))} && {cmd} >> {log_path} 2>&1\n"
-    service = ("[Unit]\nDescription=loopwright scheduled sessions (one tick)\n\n"
+    service = ("# save as ~/.config/systemd/user/loopwright-cron.service (or /etc/systemd/system/)\n"
+               "[Unit]\nDescription=loopwright scheduled sessions (one tick)\n\n"
                f"[Service]\nType=oneshot\nWorkingDirectory={ws}\nExecStart={cmd}\n")
-    timer = ("[Unit]\nDescription=loopwright cron tick every minute\n\n"
+    timer = ("# save as loopwright-cron.timer next to the service, then enable --now the timer\n"
+             "[Unit]\nDescription=loopwright cron tick every minute\n\n"
              "[Timer]\nOnCalendar=*-*-* *:*:00\nPersistent=true\n\n[Install]\nWantedBy=timers.target\n")
     return {"crontab": crontab, "service": service, "timer": timer}
