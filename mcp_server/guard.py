@@ -252,7 +252,7 @@ class Policy:
         for rel in sorted(rels):
             cat = self._category(rel)
             if cat:
-                return self._reason(cat[0], rel)
+                return self._reason("state" if cat[0] == "private" else cat[0], rel)
         if strict and not any(rx.fullmatch(r) for r in rels for rx in self._editable):
             return self._reason("not-editable", sorted(rels)[0])
         return None
@@ -394,7 +394,8 @@ class Policy:
                 f"{first}; scratch files belong outside the workspace (e.g. /tmp).")
 
     def _reason_for_name(self, name: str) -> str:
-        cat = self._category(name.replace(".__file__", ".py")) or ("frozen", name)
+        name = name.replace(".__file__", ".py")          # prepare.__file__ is prepare.py
+        cat = self._category(name) or ("frozen", name)
         return self._reason(cat[0], name)
 
 

@@ -1574,7 +1574,7 @@ def _h_tar(g: ShellGuard, args, stdin, env):
                                                                    "--files-from", "--exclude-from"))
     where = (_vals(opts, "-C", "--directory") or [Arg(".")])[0]
     if _has(opts, "-x", "--extract", "--get"):
-        g.write(where, "tar extraction into it", recursive=True)
+        g.write(where, f"tar extracting into {where.shown}", recursive=True)
     if _has(opts, "-c", "-r", "-u", "-A", "--create", "--append", "--update", "--concatenate"):
         for v in _vals(opts, "-f", "--file"):
             g.write(v, "tar -f")
@@ -1587,7 +1587,7 @@ def _h_unzip(g: ShellGuard, args, stdin, env):
     if _has(opts, "-l", "-t", "-v", "-p", "-Z", "-z"):
         return
     where = (_vals(opts, "-d") or [Arg(".")])[0]
-    g.write(where, "unzip into it", recursive=True)
+    g.write(where, f"unzip extracting into {where.shown}", recursive=True)
 
 
 def _h_zip(g: ShellGuard, args, stdin, env):
