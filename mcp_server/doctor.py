@@ -1,0 +1,188 @@
+"""`loopwright doctor` and `loopwright codex-config`: is everything wired, and how to wire Codex.
+
+Each check returns (ok, what, fix). Nothing here changes the workspace.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+MARK_BEGIN = "# >>> loopwright (managed by `loopwright codex-config --write`) >>>"
+MARK_END = "# <<< loopwright <<<"
+
+
+@dataclass
+class Check:
+    ok: bool
+    what: str
+    fix: str = ""    # shown when the check fails
+    hint: str = ""   # shown either way (optional extras)
+
+
+def _workspace_checks(start: Optional[str]) -> tuple[list[Check], Optional[Path]]:
+    from . import gitops, integrity
+    from .config import ConfigError
+    from .engine import Engine
+    from .workspace import Workspace, WorkspaceError
+
+    out: list[Check] = []
+    try:
+        ws = Workspace.find(start)
+    except (WorkspaceError, ConfigError) as e:
+        return [Check(False, f"workspace: {e}", "run `loopwright init DIR` (or pass --workspace DIR)")], None
+    out.append(Check(True, f"workspace {ws.root} (config valid)"))
+    try:
+        eng = Engine(ws.root, recover=False)
+    except Exception as e:  # noqa: BLE001
+        return out + [Check(False, f"ledger: {e}", "restore .loopwright/state.db from a backup or re-init")], ws.root
+    try:
+        c = eng.campaign
+        out.append(Check(True, f"campaign '{c['tag']}' on branch {c['branch']}"))
+        mism = integrity.check(ws, c["pinned_commit"])
+        out.append(Check(not mism, "frozen files and data match the pinned commit" if not mism else
+                         f"integrity: {integrity.describe(mism)}",
+                         "the next run_experiment restores them from the pinned commit (and records tamper)"))
+        if gitops.is_dirty(ws.root):
+            out.append(Check(True, "train.py has uncommitted edits (normal while an agent works)"))
+        b = eng.budget()
+        out.append(Check(not b.should_stop, "budget remains" if not b.should_stop else
+                         f"budget spent: {'; '.join(b.reasons)}",
+                         "raise [budget] in loopwright.toml or `loopwright stop --clear`"))
+    except Exception as e:  # noqa: BLE001
+        out.append(Check(False, str(e), "check out the campaign branch: git checkout loopwright/<tag>"))
+    finally:
+        eng.close()
+    return out, ws.root
+
+
+def _hook_checks(root: Optional[Path]) -> list[Check]:
+    out: list[Check] = []
+    if root is None:
+        return out
+    settings = root / ".claude" / "settings.json"
+    try:
+        hooks = json.loads(settings.read_text()).get("hooks", {})
+        have = {k for k in ("PreToolUse", "Stop", "SessionStart") if hooks.get(k)}
+        out.append(Check(have == {"PreToolUse", "Stop", "SessionStart"},
+                         f"Claude Code hooks in .claude/settings.json: {', '.join(sorted(have)) or 'none'}",
+                         "re-create with `loopwright init` or install the plugin (README: Claude Code)"))
+    except (OSError, ValueError):
+        out.append(Check(False, "no .claude/settings.json hooks",
+                         "install the loopwright plugin for Claude Code, or re-run `loopwright init`"))
+    # the guard must answer, and fast: it runs on every tool call
+    payload = json.dumps({"hook_event_name": "PreToolUse", "tool_name": "Write", "cwd": str(root),
+                          "tool_input": {"file_path": str(root / "prepare.py"), "content": "x"}})
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "mcp_server.guard", "pre-tool-use"], input=payload,
+                          capture_output=True, text=True, timeout=30)
+    ms = (time.monotonic() - t0) * 1000
+    denied = proc.returncode == 2 or '"deny"' in proc.stdout
+    out.append(Check(denied, f"guard denies a write to prepare.py ({ms:.0f} ms)",
+                     "the guard is broken: run `python -m mcp_server.guard pre-tool-use` by hand to see why"))
+    codex_home = Path(os.environ.get("CODEX_HOME", Path.home() / ".codex"))
+    cfg = codex_home / "config.toml"
+    text = cfg.read_text() if cfg.is_file() else ""
+    if MARK_BEGIN in text and str(root) in text:
+        out.append(Check(True, f"Codex config {cfg} has loopwright's MCP server and hooks for this workspace. "
+                               "Codex runs hooks only when trusted: run `/hooks` once in Codex, or pass "
+                               "--dangerously-bypass-hook-trust to codex exec"))
+    else:
+        out.append(Check(True, f"Codex not configured for this workspace ({cfg}) - optional",
+                         hint="`loopwright codex-config --write` adds the MCP server and hooks"))
+    return out
+
+
+def _server_check(root: Optional[Path]) -> list[Check]:
+    if root is None:
+        return []
+    import asyncio
+
+    from mcp import Client, StdioServerParameters
+
+    async def probe() -> list[str]:
+        params = StdioServerParameters(command=sys.executable,
+                                       args=["-m", "mcp_server.cli", "serve", "--workspace", str(root)])
+        async with Client(params) as c:
+            return [t.name for t in (await c.list_tools()).tools]
+
+    try:
+        tools = asyncio.run(asyncio.wait_for(probe(), 60))
+    except Exception as e:  # noqa: BLE001
+        return [Check(False, f"MCP server did not start: {e}", "run `loopwright serve` by hand to see the error")]
+    return [Check("run_experiment" in tools, f"MCP server answers over stdio ({len(tools)} tools)")]
+
+
+def _client_checks() -> list[Check]:
+    out = []
+    for name, hint in (("claude", "npm install -g @anthropic-ai/claude-code"), ("codex", "npm install -g @openai/codex")):
+        path = shutil.which(name)
+        if not path:
+            out.append(Check(True, f"{name} CLI not found (optional)", hint=hint))
+            continue
+        try:
+            ver = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            ver = "?"
+        out.append(Check(True, f"{name} CLI: {ver} ({path})"))
+    try:
+        import torch
+
+        dev = "cuda" if torch.cuda.is_available() else ("mps" if torch.backends.mps.is_available() else "cpu")
+        out.append(Check(True, f"torch {torch.__version__}, device {dev}"))
+    except ImportError:
+        out.append(Check(False, "torch is not installed", "pip install torch==2.13.0 (CPU) or the build for your GPU"))
+    return out
+
+
+def run_doctor(workspace: Optional[str], skip_server: bool = False) -> int:
+    checks, root = _workspace_checks(workspace)
+    checks += _hook_checks(root)
+    if not skip_server:
+        checks += _server_check(root)
+    checks += _client_checks()
+    bad = 0
+    for c in checks:
+        print(f"{'✔' if c.ok else '✘'} {c.what}")
+        if not c.ok:
+            bad += 1
+            if c.fix:
+                print(f"    fix: {c.fix}")
+        if c.hint:
+            print(f"    hint: {c.hint}")
+    print("all good" if not bad else f"{bad} problem(s) to fix")
+    return 0 if not bad else 1
+
+
+def codex_block(root: Path) -> str:
+    from .workspace import client_configs
+
+    return f"{MARK_BEGIN}\n{client_configs(root, sys.executable)['.codex/config.toml']}{MARK_END}\n"
+
+
+def write_codex_config(root: Path, config_path: Path) -> str:
+    """Add (or replace) loopwright's managed block in a Codex config.toml; the rest is left untouched."""
+    import tomllib
+
+    block = codex_block(root)
+    text = config_path.read_text() if config_path.is_file() else ""
+    if MARK_BEGIN in text and MARK_END in text:
+        head, rest = text.split(MARK_BEGIN, 1)
+        text = head + block + rest.split(MARK_END, 1)[1].lstrip("\n")
+    else:
+        if "[mcp_servers.loopwright]" in text:
+            raise RuntimeError(f"{config_path} already defines [mcp_servers.loopwright] outside loopwright's managed "
+                               "block; remove it first, or copy the block printed by `loopwright codex-config`")
+        text = (text.rstrip("\n") + "\n\n" if text.strip() else "") + block
+    tomllib.loads(text)  # never write a config Codex cannot read
+    config_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = config_path.with_suffix(".toml.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, config_path)
+    return str(config_path)
