@@ -222,6 +222,11 @@ def test_fake_openai_counts_model_turns():
         assert json.loads(call["arguments"]) == {"a": 1, "b": 2}
         assert _post(fake.url + "/v1/other", {})[0] == 404
         assert fake.turns_served == [0, 1] and not fake.errors
+        # a callback that raises: a 400 (not retried by the clients), traceback kept
+        fake.script[2] = lambda req: 1 / 0
+        inp += [call, {"type": "function_call_output", "call_id": call["call_id"], "output": "3"}]
+        status, body = _post(url, {"model": "gpt-5.5", "stream": True, "input": inp})
+        assert status == 400 and "ZeroDivisionError" in body and "ZeroDivisionError" in fake.errors[0]
 
 
 def test_missing_client_skips_or_fails_in_ci(monkeypatch, tmp_path):

@@ -106,13 +106,16 @@ class ScriptedServer:
                     rec.body = None
                 try:
                     status, ctype, payload = server.handle(rec)
-                except Exception:  # never crash the server thread
+                except Exception as exc:  # never crash the server thread
+                    # A script callback that raises (e.g. a failed assert) ends
+                    # the run: 400 is not retried by either client (a 5xx is,
+                    # with backoff).  The shape suits both APIs.
                     rec.error = traceback.format_exc()
                     server.errors.append(rec.error)
-                    status, ctype = 500, "application/json"
-                    payload = json.dumps(
-                        {"type": "error", "error": {"type": "api_error", "message": "fake server crashed; see .errors"}}
-                    ).encode()
+                    status, ctype = 400, "application/json"
+                    payload = json.dumps({"type": "error", "error": {
+                        "type": "invalid_request_error",
+                        "message": f"fake server: the script raised {type(exc).__name__}: {exc}"}}).encode()
                 rec.status = status
                 with server._lock:
                     server.requests.append(rec)

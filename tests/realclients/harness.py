@@ -411,7 +411,7 @@ class ClientRun:
         elif exit_code is not None and self.exit_code != exit_code:
             problems.append(f"exit code {self.exit_code} != {exit_code}")
         if self.fake.errors:
-            problems.append("the fake server crashed on a request")
+            problems.append("a script callback raised (fake server errors below)")
         if not allow_exhausted and self.fake.exhausted:
             problems.append("the client asked for more turns than scripted")
         if problems:
