@@ -593,3 +593,70 @@ def test_session_start_falls_back_to_a_pointer_to_program_md(ws, monkeypatch, ca
 def test_session_start_outside_a_workspace_is_silent(tmp_path, capsys):
     assert guard._main_session_start(json.dumps({"cwd": str(tmp_path), "source": "startup"}), False) == 0
     assert capsys.readouterr().out == ""
+
+
+# --------------------------------------------------------------------------- inside the real clients
+
+def _realclient_harness():
+    sys.path.insert(0, str(Path(__file__).resolve().parent))     # makes `realclients` importable
+    from realclients import fake_anthropic, fake_openai, harness
+    return fake_anthropic, fake_openai, harness
+
+
+@pytest.mark.realclient
+@pytest.mark.timeout(180)
+def test_claude_plugin_hooks_block_tampering(ws, tmp_path):
+    """hooks/hooks.json + hooks/guard loaded as a plugin by the real Claude Code."""
+    fa, _, h = _realclient_harness()
+    plugin = tmp_path / "plugin"
+    (plugin / ".claude-plugin").mkdir(parents=True)
+    (plugin / ".claude-plugin" / "plugin.json").write_text(json.dumps({"name": "lwguard", "version": "0.0.1"}))
+    (plugin / "hooks").mkdir()
+    for name in ("hooks.json", "guard"):
+        (plugin / "hooks" / name).write_bytes((REPO / "hooks" / name).read_bytes())
+    (plugin / "hooks" / "guard").chmod(0o755)
+    prepare, train = ws / "prepare.py", ws / "train.py"
+    script = [
+        fa.ToolUse("Read", {"file_path": str(prepare)}),
+        fa.ToolUse("Edit", {"file_path": str(prepare), "old_string": "X = 1", "new_string": "X = 2"}),
+        fa.ToolUse("Bash", {"command": "echo 'X = 3' > prepare.py", "description": "tamper"}),
+        fa.ToolUse("Bash", {"command": "python3 - <<'EOF'\nopen('prepare.py', 'w').write('X = 4')\nEOF"}),
+        fa.ToolUse("Read", {"file_path": str(train)}),
+        fa.ToolUse("Edit", {"file_path": str(train), "old_string": "0.01", "new_string": "0.02"}),
+        fa.ToolUse("Bash", {"command": "cat prepare.py && git status --short"}),
+        "done",
+    ]
+    run = h.run_claude(ws, script, plugin_dir=plugin, timeout=150,
+                       extra_env={"LOOPWRIGHT_PYTHON": sys.executable}).check()
+    assert prepare.read_text() == "X = 1\n"
+    assert train.read_text() == "LR = 0.02\n"
+    for tool_use_id in ("toolu_lw_01_0", "toolu_lw_02_0", "toolu_lw_03_0"):
+        result = run.tool_result(tool_use_id)
+        assert result.is_error and "prepare.py is the frozen evaluator" in result.text, result.text
+    assert not run.tool_result("toolu_lw_05_0").is_error
+    assert "X = 1" in run.tool_result("toolu_lw_06_0").text
+    assert sorted(d["tool_use_id"] for d in run.result["permission_denials"]) == [
+        "toolu_lw_01_0", "toolu_lw_02_0", "toolu_lw_03_0"]
+
+
+@pytest.mark.realclient
+@pytest.mark.timeout(180)
+def test_codex_hooks_block_tampering(ws):
+    """The same guard behind the real Codex: apply_patch and exec_command (also with shell=python3)."""
+    _, fo, h = _realclient_harness()
+    matcher = json.loads((REPO / "hooks" / "hooks.json").read_text())["hooks"]["PreToolUse"][0]["matcher"]
+    hooks = {"PreToolUse": [h.command_hook(f"{REPO / 'hooks' / 'guard'} pre-tool-use", matcher=matcher, timeout=30)]}
+    patch = lambda body: f"*** Begin Patch\n{body}*** End Patch"  # noqa: E731
+    script = [
+        fo.ApplyPatch(patch("*** Update File: prepare.py\n@@\n-X = 1\n+X = 2\n")),
+        fo.FunctionCall("exec_command", {"cmd": "rm -f prepare.py"}),
+        fo.FunctionCall("exec_command", {"cmd": "open('prepare.py', 'w').write('X = 5')", "shell": "python3"}),
+        fo.ApplyPatch(patch("*** Update File: train.py\n@@\n-LR = 0.01\n+LR = 0.02\n")),
+        "done",
+    ]
+    run = h.run_codex(ws, script, hooks=hooks, timeout=150, extra_env={"LOOPWRIGHT_PYTHON": sys.executable}).check()
+    assert (ws / "prepare.py").read_text() == "X = 1\n"
+    assert (ws / "train.py").read_text() == "LR = 0.02\n"
+    for call_id in ("call_lw_000_0", "call_lw_001_0", "call_lw_002_0"):
+        text = run.tool_result(call_id).text
+        assert "blocked by PreToolUse hook" in text and "prepare.py" in text, text
