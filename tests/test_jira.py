@@ -35,7 +35,7 @@ def ledger(tmp_path):
 
 def sink_for(fake, ledger, token=TOKEN, **cfg):
     c = JiraConfig(server=fake.url, project="LW", auth="cloud" if fake.cloud else "token", **cfg)
-    return JiraSink(c, ledger, token=token, email=EMAIL if fake.cloud else None, timeout=1)
+    return JiraSink(c, ledger, token=token, email=EMAIL if fake.cloud else None, timeout=0.5)
 
 
 def drain(ledger, sink, passes=10):
@@ -80,8 +80,8 @@ def test_faults_everywhere_still_give_one_issue_and_one_comment_each(fake, ledge
     ledger.add_event(ledger.cid, "budget_spent", {"reasons": ["max_hours 8 reached"]}, sinks=["jira"])
     ledger.add_event(ledger.cid, "campaign_end", {"best": 0.9}, sinks=["jira"])
     fake.inject("GET serverInfo", Fault(status=503))
-    fake.inject("POST issue", Fault(stall_s=1.5))                       # created, but the reply is lost
-    fake.inject("POST issue/{key}/comment", Fault(status=500), Fault(stall_s=1.5), Fault(status=429, retry_after=1))
+    fake.inject("POST issue", Fault(stall_s=0.8))                       # created, but the reply is lost
+    fake.inject("POST issue/{key}/comment", Fault(status=500), Fault(stall_s=0.8), Fault(status=429, retry_after=1))
     fake.inject("POST issue/{key}/transitions", Fault(status=502))
     reports = drain(ledger, sink_for(fake, ledger))
     assert sum(r.delivered for r in reports) == 6
@@ -116,7 +116,7 @@ def test_bad_credentials_stop_the_pass_and_never_leak(fake, ledger, caplog):
 def test_unreachable_jira_is_recorded_not_raised(ledger):
     ledger.add_event(ledger.cid, "keep", KEEP, sinks=["jira"])
     sink = JiraSink(JiraConfig(server="http://127.0.0.1:9", project="LW", auth="token"), ledger, token=TOKEN,
-                    timeout=1)
+                    timeout=0.5)
     rep = deliver_pending(ledger, None, [sink])
     assert rep.failed == 1 and "ConnectionError" in ledger.deliveries("jira")[0]["last_error"]
 

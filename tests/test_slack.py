@@ -34,7 +34,7 @@ def ledger(tmp_path):
 
 
 def sink_for(fake, ledger, channel="C0RESEARCH", **kw):
-    return SlackSink(SlackConfig(channel=channel, base_url=fake.api_url), ledger, token=TOKEN, timeout=1, **kw)
+    return SlackSink(SlackConfig(channel=channel, base_url=fake.api_url), ledger, token=TOKEN, timeout=0.5, **kw)
 
 
 def drain(ledger, sink, passes=12):
@@ -92,9 +92,9 @@ def test_faults_everywhere_still_deliver_each_message_exactly_once(fake, ledger,
     ids.append(ledger.add_event(ledger.cid, "tamper", {"files": ["prepare.py"], "action": "restored"},
                                 sinks=["slack"]))
     fake.inject("chat.postMessage",
-                Fault(status=429, retry_after=1), Fault(status=500), Fault(stall_s=1.6),  # stall: posted, reply lost
-                Fault(status=503), Fault(stall_s=1.6))
-    fake.inject("files.completeUploadExternal", Fault(status=503), Fault(stall_s=1.6, status=0))
+                Fault(status=429, retry_after=1), Fault(status=500), Fault(stall_s=0.8),  # stall: posted, reply lost
+                Fault(status=503), Fault(stall_s=0.8))
+    fake.inject("files.completeUploadExternal", Fault(status=503), Fault(stall_s=0.8, status=0))
     fake.inject("upload", Fault(status=500))
     reports = drain(ledger, sink_for(fake, ledger))
     assert sum(r.delivered for r in reports) == 4
@@ -175,7 +175,7 @@ def test_bad_token_stops_the_pass_and_never_leaks(fake, ledger, caplog):
     for i in range(3):
         ledger.add_event(ledger.cid, "plateau", {"experiments_since_keep": i}, sinks=["slack"])
     sink = SlackSink(SlackConfig(channel="C0RESEARCH", base_url=fake.api_url), ledger,
-                     token="xoxb-wrong-secret-value", timeout=1)
+                     token="xoxb-wrong-secret-value", timeout=0.5)
     rep = deliver_pending(ledger, None, [sink])
     assert rep.failed == 1 and "invalid_auth" in rep.sinks["slack"].errors[0]
     assert [d["attempts"] for d in ledger.deliveries("slack")] == [1, 0, 0]
@@ -186,7 +186,7 @@ def test_bad_token_stops_the_pass_and_never_leaks(fake, ledger, caplog):
 def test_unreachable_slack_is_recorded_not_raised(ledger):
     ledger.add_event(ledger.cid, "plateau", {}, sinks=["slack"])
     sink = SlackSink(SlackConfig(channel="C0RESEARCH", base_url="http://127.0.0.1:9/api/"), ledger,
-                     token=TOKEN, timeout=1)
+                     token=TOKEN, timeout=0.5)
     rep = deliver_pending(ledger, None, [sink])
     assert rep.failed == 1
     assert ledger.deliveries("slack")[0]["last_error"].startswith("Slack chat.postMessage: URLError")

@@ -130,7 +130,7 @@ class SlackSink:
     kinds = KINDS
 
     def __init__(self, cfg, ledger, *, token: Optional[str] = None, webhook_url: Optional[str] = None,
-                 timeout: int = 10):
+                 timeout: float = 10):
         if not token and not webhook_url:
             raise ValueError("SlackSink needs a bot token or an incoming webhook URL")
         self.cfg, self.ledger = cfg, ledger
