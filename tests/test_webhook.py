@@ -116,12 +116,17 @@ def test_github_ping_and_ignored_events(env):
     started(env, 0)
 
 
-def test_github_comment_commands(env):
-    start = json.dumps({"action": "created", "comment": {"body": "/loopwright start"},
-                        "sender": {"login": "ana"}, "repository": {"full_name": "me/r"}}).encode()
-    assert gh(env.client, start, event="issue_comment", delivery="c-1").status_code == 202
+def test_github_comment_commands_only_from_collaborators(env):
+    def comment(body, role):
+        return json.dumps({"action": "created", "comment": {"body": body, "author_association": role},
+                           "sender": {"login": "ana"}, "repository": {"full_name": "me/r"}}).encode()
+
+    r = gh(env.client, comment("/loopwright start", "NONE"), event="issue_comment", delivery="c-0")
+    assert r.json()["status"] == "ignored" and "not an owner" in r.json()["reason"]
+    started(env, 0)
+    assert gh(env.client, comment("/loopwright start", "MEMBER"), event="issue_comment", delivery="c-1").status_code == 202
     started(env, 1)
-    stop = json.dumps({"action": "created", "comment": {"body": "/loopwright stop enough for today"}}).encode()
+    stop = comment("/loopwright stop enough for today", "OWNER")
     assert gh(env.client, stop, event="issue_comment", delivery="c-2").status_code == 202
     assert env.ledger.kv_get(STOP_KEY) == "enough for today"
 

@@ -197,6 +197,7 @@ def tick(root: Path | str) -> list[TickResult]:
 
 def serve_forever(root: Path | str) -> int:
     """`loopwright cron`: the foreground daemon; exits 0 on SIGTERM or SIGINT."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     sched = scheduler_for(root)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

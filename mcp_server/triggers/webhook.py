@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import sqlite3
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -46,6 +47,7 @@ log = logging.getLogger("loopwright.webhook")
 
 STOP_KEY = "stop_requested"
 SEEN_TTL_S = 30 * 86400
+TRUSTED_GITHUB_ROLES = {"OWNER", "MEMBER", "COLLABORATOR"}
 StartSession = Callable[[str], None]   # (trigger_detail) -> None; blocks until the session ends
 
 
@@ -189,7 +191,7 @@ def create_app(root_or_cfg, start_session: Optional[StartSession] = None, ledger
         log.warning("no state dir: delivery ids are remembered in memory only")
     wh, env = cfg.webhook, (os.environ if env is None else env)
     seen = SeenStore(Path(state_dir) / "webhook.db" if state_dir else ":memory:", clock)
-    lock_dir = Path(state_dir) if state_dir else Path(os.environ.get("TMPDIR", "/tmp"))
+    lock_dir = Path(state_dir) if state_dir else Path(tempfile.gettempdir())
     runner = SessionRunner(start_session, SessionLock(lock_dir / SESSION_LOCK))
     status_text = status_text or (lambda: _default_status(ledger))
 
@@ -260,8 +262,12 @@ def create_app(root_or_cfg, start_session: Optional[StartSession] = None, ledger
             return respond("github", delivery, "start",
                            f"github workflow_run {repo} {run.get('name', '?')} {run.get('conclusion', '?')}")
         if event == "issue_comment" and p.get("action") == "created":
-            cmd, arg = _command((p.get("comment") or {}).get("body", ""))
+            comment = p.get("comment") or {}
+            cmd, arg = _command(comment.get("body", ""))
             who = (p.get("sender") or {}).get("login", "?")
+            if cmd and comment.get("author_association") not in TRUSTED_GITHUB_ROLES:
+                # on a public repository anyone may comment: sessions cost money
+                return ignored(f"{who} is not an owner, member or collaborator of {repo}")
             if cmd == "start":
                 return respond("github", delivery, "start", f"github comment by {who} on {repo}")
             if cmd == "stop":
@@ -372,9 +378,11 @@ def default_starter(root: Path | str, cfg) -> StartSession:
 
 
 def serve(root: Path | str, host: Optional[str] = None, port: Optional[int] = None) -> None:
-    """`loopwright webhook`: serve the receiver with uvicorn until SIGTERM/SIGINT."""
+    """`loopwright webhook`: serve the receiver with uvicorn until SIGTERM/SIGINT (a session in
+    progress runs to its end before the process exits)."""
     import uvicorn
 
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from mcp_server.config import load_config
 
     wh = load_config(root).webhook
