@@ -217,3 +217,13 @@ def test_notify_workspace_with_the_reports_plot(fake, tmp_path, monkeypatch):
     rep = notify_workspace(ws)
     assert rep.delivered == 1, rep
     assert len(fake.messages) == 1 and [f["data"] for f in fake.shared_files()] == [b"report plot"]
+
+
+def test_plot_upload_without_files_write_still_delivers_the_message(fake, ledger, tmp_path):
+    png = tmp_path / "p.png"
+    png.write_bytes(b"png")
+    ledger.add_event(ledger.cid, "keep", {**KEEP, "plot_path": str(png)}, sinks=["slack"])
+    fake.inject("files.getUploadURLExternal", Fault(status=200, body={"ok": False, "error": "missing_scope"}))
+    rep = deliver_pending(ledger, None, [sink_for(fake, ledger)])
+    assert rep.delivered == 1 and len(fake.messages) == 1 and fake.shared_files() == []
+    assert "plot-failed:Slack files.upload: HTTP 200 missing_scope" in ledger.deliveries("slack")[0]["external_ref"]

@@ -199,7 +199,7 @@ class SlackSink:
         # the payload names the plot; else the report's plot next to the ledger (.loopwright/reports)
         path = event.payload.get("plot_path") or str(Path(self.ledger.path).parent / "reports" / "progress.png")
         if (event.kind != "keep" or not self.cfg.upload_plot or ":file:" in ref or ":plot-failed" in ref
-                or not path or not os.path.isfile(path)):
+                or not os.path.isfile(path)):
             return ref
         channel, ts = ref.split(":")[:2]
         try:
