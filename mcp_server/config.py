@@ -194,11 +194,24 @@ def parse_config(text: str, path: Path | str = CONFIG_NAME) -> LoopwrightConfig:
         raise ConfigError(_format_error(path, e)) from None
 
 
+_CACHE: dict[str, tuple[tuple[int, int, int], LoopwrightConfig]] = {}
+
+
 def load_config(root: Path | str) -> LoopwrightConfig:
     path = Path(root) / CONFIG_NAME
-    if not path.is_file():
-        raise ConfigError(f"{path} not found; is {root} a loopwright workspace? Create one with `loopwright init DIR`")
-    return parse_config(path.read_text(encoding="utf-8"), path)
+    try:
+        st = path.stat()
+    except OSError:
+        raise ConfigError(f"{path} not found; is {root} a loopwright workspace? "
+                          "Create one with `loopwright init DIR`") from None
+    # The server opens the config on every tool call: re-parse only when the file changed.
+    key = (st.st_mtime_ns, st.st_size, st.st_ctime_ns)
+    hit = _CACHE.get(str(path))
+    if hit and hit[0] == key:
+        return hit[1].model_copy(deep=True)
+    cfg = parse_config(path.read_text(encoding="utf-8"), path)
+    _CACHE[str(path)] = (key, cfg)
+    return cfg.model_copy(deep=True)
 
 
 def dump_config(cfg: LoopwrightConfig) -> str:

@@ -498,8 +498,9 @@ class Engine:
         elif view == "noise":
             out.noise = self.noise(c)
         elif view == "tried":
-            out.tried = [f"#{r['id']} {r['verdict'] or r['status']}: {r['description']}" for r in
-                         self.ledger.experiments(c["id"], where="is_baseline=0 AND confirm_of IS NULL")][-limit:]
+            rows = self.ledger.experiments(c["id"], where="is_baseline=0 AND confirm_of IS NULL", limit=limit,
+                                           newest_first=True)
+            out.tried = [f"#{r['id']} {r['verdict'] or r['status']}: {r['description']}" for r in reversed(rows)]
         return out
 
     def noise(self, c: dict) -> NoiseInfo:
@@ -514,17 +515,14 @@ class Engine:
         c = c or self.campaign
         best, _ = self.best(c)
         base = self.ledger.baseline_samples(c["id"])
-        cnt = lambda w: self.ledger.count_experiments(c["id"], w)  # noqa: E731
+        counts = self.ledger.campaign_counts(c["id"])
         pending = self.ledger.experiments(c["id"], where="status='ok' AND is_baseline=0 AND confirm_of IS NULL "
                                           "AND verdict IS NULL")
         retest = self.ledger.experiments(c["id"], where="verdict='retest' AND confirm_of IS NULL")
         return Summary(tag=c["tag"], branch=c["branch"], pinned_commit=c["pinned_commit"][:10],
                        best_commit=c["best_commit"][:10], best_experiment_id=c["best_experiment_id"],
                        best_val_bpb=best, baseline_val_bpb=statistics.fmean(base) if base else None,
-                       experiments=cnt("is_baseline=0 AND confirm_of IS NULL"),
-                       kept=cnt("verdict='keep' AND confirm_of IS NULL"),
-                       discarded=cnt("verdict='discard' AND confirm_of IS NULL AND status='ok'"),
-                       crashed=cnt("status IN ('crash','timeout','rejected')"),
+                       **counts,
                        pending_score=[r["id"] for r in pending], pending_retest=[r["id"] for r in retest],
                        time_budget_s=self.ws.cfg.benchmark.time_budget)
 

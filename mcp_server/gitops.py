@@ -66,8 +66,13 @@ def create_branch(root: Path, branch: str, at: str, checkout: bool = True) -> No
 
 
 def current_branch(root: Path) -> Optional[str]:
-    r = repo(root)
-    return None if r.head.is_detached else r.active_branch.name
+    """The checked-out branch, read from .git/HEAD (cheap: called on every tool call)."""
+    try:
+        head = (Path(root) / ".git" / "HEAD").read_text().strip()
+    except OSError:
+        r = repo(root)
+        return None if r.head.is_detached else r.active_branch.name
+    return head[len("ref: refs/heads/"):] if head.startswith("ref: refs/heads/") else None
 
 
 def head_sha(root: Path) -> str:

@@ -105,6 +105,15 @@ MIGRATIONS: list[str] = [
     """,
     # 2: small key/value state (e.g. the Jira issue key of a campaign)
     "CREATE TABLE kv (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    # 3: covering indexes so summaries and budgets stay fast with 10,000s of experiments
+    """
+    CREATE INDEX experiments_stats ON experiments(campaign_id, status, is_baseline, verdict, confirm_of,
+                                                  started_at, finished_at, val_bpb);
+    CREATE INDEX experiments_confirm ON experiments(confirm_of);
+    CREATE INDEX experiments_baseline ON experiments(campaign_id, is_baseline, status, val_bpb);
+    CREATE INDEX notes_campaign ON notes(campaign_id, id);
+    CREATE INDEX sessions_campaign ON sessions(campaign_id)
+    """,
 ]
 
 # Columns an experiment row may be updated with (guards against typos reaching SQL).
@@ -241,14 +250,25 @@ class Ledger:
         sql = "SELECT COUNT(*) FROM experiments WHERE campaign_id=?" + (f" AND ({where})" if where else "")
         return int(self.conn.execute(sql, (campaign_id, *params)).fetchone()[0])
 
+    def campaign_counts(self, campaign_id: int) -> dict[str, int]:
+        """All the summary counts in one pass over the covering index."""
+        r = self.conn.execute(
+            "SELECT COALESCE(SUM(is_baseline=0 AND confirm_of IS NULL), 0), "
+            "COALESCE(SUM(verdict='keep' AND confirm_of IS NULL), 0), "
+            "COALESCE(SUM(verdict='discard' AND confirm_of IS NULL AND status='ok'), 0), "
+            "COALESCE(SUM(status IN ('crash','timeout','rejected')), 0) "
+            "FROM experiments WHERE campaign_id=?", (campaign_id,)).fetchone()
+        return dict(zip(("experiments", "kept", "discarded", "crashed"), map(int, r)))
+
     def running_experiments(self) -> list[dict]:
         return [dict(r) for r in self.conn.execute("SELECT * FROM experiments WHERE status='running'")]
 
     def baseline_samples(self, campaign_id: int) -> list[float]:
+        # No ORDER BY: it would steer SQLite to the (campaign_id, id) index and a full scan.
         rows = self.conn.execute(
-            "SELECT val_bpb FROM experiments WHERE campaign_id=? AND is_baseline=1 AND status='ok' "
-            "AND val_bpb IS NOT NULL ORDER BY id", (campaign_id,))
-        return [r[0] for r in rows]
+            "SELECT id, val_bpb FROM experiments INDEXED BY experiments_baseline WHERE campaign_id=? "
+            "AND is_baseline=1 AND status='ok' AND val_bpb IS NOT NULL", (campaign_id,))
+        return [v for _, v in sorted(tuple(r) for r in rows)]
 
     def confirm_runs(self, experiment_id: int) -> list[dict]:
         return [dict(r) for r in self.conn.execute(
