@@ -60,8 +60,8 @@ class JiraSink:
     def from_config(cls, cfg, ledger, env: Mapping[str, str]) -> tuple[Optional["JiraSink"], Optional[str]]:
         token = env.get(cfg.token_env)
         email = env.get(cfg.email_env) if cfg.auth == "cloud" else None
-        missing = [n for n, v in ((cfg.token_env, token),) + (((cfg.email_env, email),) if cfg.auth == "cloud" else ())
-                   if not v]
+        needed = {cfg.token_env: token, **({cfg.email_env: email} if cfg.auth == "cloud" else {})}
+        missing = [name for name, value in needed.items() if not value]
         if missing:
             return None, f"jira: ${' and $'.join(missing)} not set (deliveries stay pending until they are)"
         return cls(cfg, ledger, token=token, email=email), None
