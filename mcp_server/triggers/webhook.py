@@ -213,6 +213,19 @@ def create_app(root_or_cfg, start_session: Optional[StartSession] = None, ledger
                 raise Reject(413, f"body larger than {wh.max_body_bytes} bytes")
         return bytes(buf)
 
+    async def verified(request: Request, env_name: str, sig_header: str, sign,
+                       ts_header: Optional[str] = None) -> tuple[bytes, str]:
+        """The raw body and its signature, once the secret, size, timestamp and HMAC all check out."""
+        key = secret(env_name)
+        body = await body_of(request)
+        ts = None
+        if ts_header:
+            ts = request.headers.get(ts_header)
+            _check_timestamp(ts, clock(), wh.timestamp_window_s, ts_header)
+        sig = request.headers.get(sig_header)
+        _check(sign(key, ts, body), sig, sig_header)
+        return body, sig
+
     def act(source: str, delivery_id: str, action: str, text: str) -> str:
         """Start a session (text: its detail) or record a stop request (text: the reason), once per
         delivery id. Returns started | busy | stop requested | duplicate."""
@@ -240,9 +253,8 @@ def create_app(root_or_cfg, start_session: Optional[StartSession] = None, ledger
         return JSONResponse({"status": "ignored", "reason": why})
 
     async def github(request: Request) -> JSONResponse:
-        key = secret(wh.github_secret_env)
-        body = await body_of(request)
-        _check(github_signature(key, body), request.headers.get("x-hub-signature-256"), "X-Hub-Signature-256")
+        body, _ = await verified(request, wh.github_secret_env, "X-Hub-Signature-256",
+                                 lambda key, ts, b: github_signature(key, b))
         event, delivery = request.headers.get("x-github-event", ""), request.headers.get("x-github-delivery")
         if event == "ping":
             return JSONResponse({"status": "pong"})
@@ -276,12 +288,8 @@ def create_app(root_or_cfg, start_session: Optional[StartSession] = None, ledger
         return ignored(f"event {event or '(none)'} does not start sessions")
 
     async def slack(request: Request) -> JSONResponse:
-        key = secret(wh.slack_signing_secret_env)
-        body = await body_of(request)
-        ts = request.headers.get("x-slack-request-timestamp")
-        _check_timestamp(ts, clock(), wh.timestamp_window_s, "X-Slack-Request-Timestamp")
-        sig = request.headers.get("x-slack-signature")
-        _check(slack_signature(key, ts, body), sig, "X-Slack-Signature")
+        body, sig = await verified(request, wh.slack_signing_secret_env, "X-Slack-Signature", slack_signature,
+                                   ts_header="X-Slack-Request-Timestamp")
         form = {k: v[0] for k, v in parse_qs(body.decode("utf-8", "replace")).items()}
         words = form.get("text", "").strip().split(None, 1)
         cmd, arg = (words[0].lower() if words else "help"), (words[1] if len(words) > 1 else "")
@@ -303,9 +311,8 @@ def create_app(root_or_cfg, start_session: Optional[StartSession] = None, ledger
                       "duplicate": "Duplicate request ignored."}[outcome])
 
     async def jira(request: Request) -> JSONResponse:
-        key = secret(wh.jira_secret_env)
-        body = await body_of(request)
-        _check(github_signature(key, body), request.headers.get("x-hub-signature"), "X-Hub-Signature")
+        body, _ = await verified(request, wh.jira_secret_env, "X-Hub-Signature",
+                                 lambda key, ts, b: github_signature(key, b))   # same scheme as GitHub
         delivery = request.headers.get("x-atlassian-webhook-identifier") or hashlib.sha256(body).hexdigest()
         p = _json_body(body, "application/json")
         if p.get("webhookEvent") != "comment_created":
@@ -320,12 +327,8 @@ def create_app(root_or_cfg, start_session: Optional[StartSession] = None, ledger
         return ignored("comment without a /loopwright command")
 
     async def generic(request: Request) -> JSONResponse:
-        key = secret(wh.generic_secret_env)
-        body = await body_of(request)
-        ts = request.headers.get("x-loopwright-timestamp")
-        _check_timestamp(ts, clock(), wh.timestamp_window_s, "X-Loopwright-Timestamp")
-        sig = request.headers.get("x-loopwright-signature")
-        _check(generic_signature(key, ts, body), sig, "X-Loopwright-Signature")
+        body, sig = await verified(request, wh.generic_secret_env, "X-Loopwright-Signature", generic_signature,
+                                   ts_header="X-Loopwright-Timestamp")
         delivery = request.headers.get("x-loopwright-delivery") or sig
         p = _json_body(body, "application/json") if body.strip() else {}
         action = str(p.get("action", "start"))
