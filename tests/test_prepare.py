@@ -1,0 +1,387 @@
+"""The frozen harness of the GPT benchmark (bench/gpt/prepare.py): data, split,
+metric, separators, causality probe, data pinning, isolation from train.py."""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+from bench_helpers import BENCH, bench_dir, evaluate, load_prepare, run_cli, text_corpus
+
+V = 256
+
+
+# --------------------------------------------------------------------------- models
+
+class Zeros(nn.Module):
+    """Uniform logits over the 256 bytes."""
+
+    def forward(self, idx):
+        return torch.zeros(idx.shape[0], idx.shape[1], V)
+
+
+class Bigram(nn.Module):
+    """Causal: logits depend on the current token only."""
+
+    def __init__(self, seed=0):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.table = nn.Parameter(torch.randn(V, V, generator=g))
+
+    def forward(self, idx):
+        return self.table[idx]
+
+
+class PeekNext(Bigram):
+    """Cheats: logits at t computed from token t+1."""
+
+    def forward(self, idx):
+        return self.table[torch.roll(idx, -1, dims=1)]
+
+
+class SequenceMean(Bigram):
+    """Cheats: every position sees the mean over the whole window."""
+
+    def forward(self, idx):
+        e = self.table[idx]
+        return e.mean(dim=1, keepdim=True) + 0 * e
+
+
+class PeekNextRow(Bigram):
+    """Cheats across the batch: eval windows are consecutive, so row b+1 is row b's future."""
+
+    def forward(self, idx):
+        nxt = torch.cat((idx[1:], idx[-1:]), dim=0)
+        return self.table[idx] + self.table[nxt]
+
+
+class Constant(nn.Module):
+    """Logit `c` for byte `target`, 0 for the others: p(target) = e^c / (e^c + 255)."""
+
+    def __init__(self, target, c):
+        super().__init__()
+        bias = torch.zeros(V)
+        bias[target] = c
+        self.register_buffer("bias", bias)
+
+    def forward(self, idx):
+        return torch.zeros(idx.shape[0], idx.shape[1], V) + self.bias
+
+
+class NaNs(nn.Module):
+    def forward(self, idx):
+        return torch.full((idx.shape[0], idx.shape[1], V), float("nan"))
+
+
+class Stateful(nn.Module):
+    """Causal, but counts its calls in a buffer (state carried between batches): not allowed."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("calls", torch.zeros(V))
+
+    def forward(self, idx):
+        self.calls.add_(1.0)
+        return torch.zeros(idx.shape[0], idx.shape[1], V) + self.calls
+
+
+# --------------------------------------------------------------------------- fixtures
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory):
+    """A small benchmark: 120 documents of ~3 KB, SEQ_LEN 64, 4096 eval tokens; prepared via the CLI."""
+    root = tmp_path_factory.mktemp("bench")
+    corpus = text_corpus(root / "corpus")
+    d = bench_dir(root / "ws", seq_len=64, eval_tokens=4096, time_budget=10)
+    code, _, proc = run_cli(d, "prepare", "--corpus", str(corpus))
+    assert code == 0, proc.stderr
+    return d
+
+
+@pytest.fixture(scope="module")
+def prep(ws):
+    return load_prepare(ws)
+
+
+def export(prep, model, path):
+    return Path(prep.export_model(model, str(path)))
+
+
+def names_in(prep, split, prefix, n):
+    out, i = [], 0
+    while len(out) < n:
+        name = f"{prefix}{i}.txt"
+        if prep.split_of(name) == split:
+            out.append(name)
+        i += 1
+    return out
+
+
+@pytest.fixture(scope="module")
+def hand_ws(tmp_path_factory):
+    """Hand-made data: val = 4 documents "aaaaaaaaaa", test = 4 documents "bbbbbbbbbb",
+    SEQ_LEN 8, EVAL_TOKENS 32 (4 windows: one padded eval batch of 8 rows)."""
+    root = tmp_path_factory.mktemp("hand")
+    d = bench_dir(root / "ws", seq_len=8, eval_tokens=32)
+    prep = load_prepare(d)
+    corpus = root / "corpus"
+    corpus.mkdir()
+    for name in names_in(prep, "val", "a", 4):
+        (corpus / name).write_text("a" * 10)
+    for name in names_in(prep, "test", "b", 4):
+        (corpus / name).write_text("b" * 10)
+    for name in names_in(prep, "train", "t", 10):
+        (corpus / name).write_text("some training text\n" * 20)
+    prep.prepare_data(str(corpus), str(d / ".loopwright" / "data"), quiet=True)
+    return d
+
+
+# --------------------------------------------------------------------------- metric
+
+def test_uniform_logits_score_exactly_8_bits_per_byte(ws, prep, tmp_path):
+    code, res, proc = evaluate(ws, export(prep, Zeros(), tmp_path / "zeros.pt2"))
+    assert code == 0, proc.stdout + proc.stderr
+    assert res["ok"] is True and res["causal"] is True
+    assert res["val_bpb"] == pytest.approx(8.0, abs=1e-9)
+    assert res["test_bpb"] == pytest.approx(8.0, abs=1e-9)
+    assert res["val_tokens"] == 4096 and 0 < res["val_bytes"] < 4096  # separators carry no bytes
+    assert res["eval_seconds"] > 0
+
+
+def test_hand_computed_case_and_separators(hand_ws, tmp_path):
+    prep = load_prepare(hand_ws)
+    data = hand_ws / ".loopwright" / "data"
+    # every document is preceded by the separator token (byte 0)
+    val = np.fromfile(data / "val.bin", dtype="<u2")
+    assert val.tolist() == ([0] + [ord("a")] * 10) * 4
+    assert json.loads((data / "meta.json").read_text())["separator"] == 0
+    # p('a') = p('b') = 255 / (255 + 255) = 1/2 under this model
+    model = Constant(ord("a"), math.log(255))
+    code, res, proc = evaluate(hand_ws, export(prep, model, tmp_path / "half.pt2"))
+    assert code == 0, proc.stdout + proc.stderr
+    # targets = stream positions 1..32; positions 11 and 22 are separators: excluded from nats AND bytes
+    assert res["val_tokens"] == 32 and res["val_bytes"] == 30
+    assert res["val_bpb"] == pytest.approx(1.0, abs=1e-6)  # 1 bit for each "a" (float32 logits)
+    # test split: every 'b' has p = 1/510
+    assert res["test_bytes"] == 30
+    assert res["test_bpb"] == pytest.approx(math.log2(510), abs=1e-6)
+
+
+def test_quick_eval_api_matches_the_evaluator(ws, prep, tmp_path):
+    model = Bigram(seed=3)
+    res = prep.evaluate_exported(str(export(prep, model, tmp_path / "bigram.pt2")))  # what the CLI runs
+    assert res["ok"] and 2.0 < res["val_bpb"] < 20.0
+    api = prep.evaluate_bpb(model, "val", max_tokens=prep.EVAL_TOKENS)
+    assert api == pytest.approx(res["val_bpb"], rel=1e-9)
+    with pytest.raises(ValueError, match="test is hidden"):
+        prep.evaluate_bpb(model, "test")
+
+
+# --------------------------------------------------------------------------- causality
+
+def test_model_reading_the_next_token_is_rejected(ws, prep, tmp_path):
+    code, res, _ = evaluate(ws, export(prep, PeekNext(), tmp_path / "peek.pt2"))
+    assert code == 1
+    assert res["ok"] is False and res["causal"] is False
+    assert "causality probe failed" in res["reason"] and "future" in res["reason"]
+
+
+@pytest.mark.parametrize("cls", [PeekNext, SequenceMean, PeekNextRow])
+def test_probe_rejects_non_causal_models_every_time(prep, cls):
+    tokens = prep._tokens("val")
+    model = cls()
+    for _ in range(5):  # cut points are random: the cheat must be caught on every draw
+        with pytest.raises(prep.EvalError, match="causality probe failed"):
+            prep.causality_probe(model, tokens, V)
+
+
+def test_probe_accepts_causal_models(prep):
+    tokens = prep._tokens("val")
+    for _ in range(5):
+        prep.causality_probe(Bigram(), tokens, V)
+        prep.causality_probe(Zeros(), tokens, V)
+
+
+def test_nan_wrong_shape_stateful_and_missing_models_are_rejected(ws, prep, tmp_path):
+    data = str(ws / ".loopwright" / "data")
+    with pytest.raises(prep.EvalError, match="NaN"):
+        prep.evaluate_exported(str(export(prep, NaNs(), tmp_path / "nan.pt2")), data)
+    # export_model refuses a wrong logits shape up front ...
+    with pytest.raises(ValueError, match="shape"):
+        prep.export_model(nn.Embedding(V, 10), str(tmp_path / "bad.pt2"))
+    # ... and the evaluator rejects one exported by other means
+    x = torch.zeros(prep.B_EVAL, prep.SEQ_LEN, dtype=torch.long)
+    torch.export.save(torch.export.export(nn.Embedding(V, 10), (x,)), str(tmp_path / "bad.pt2"))
+    code, res, _ = evaluate(ws, tmp_path / "bad.pt2")
+    assert code == 1 and res["ok"] is False and "shape" in res["reason"]
+    torch.export.save(torch.export.export(Stateful(), (x,)), str(tmp_path / "state.pt2"))
+    with pytest.raises(prep.EvalError, match="stateful"):
+        prep.evaluate_exported(str(tmp_path / "state.pt2"), data)
+    with pytest.raises(prep.EvalError, match="export_model"):
+        prep.evaluate_exported(str(tmp_path / "missing.pt2"), data)
+
+
+# --------------------------------------------------------------------------- pinned data
+
+def test_changed_data_is_refused(ws, tmp_path):
+    d = tmp_path / "ws"
+    shutil.copytree(ws, d)
+    prep = load_prepare(d)
+    model = export(prep, Zeros(), tmp_path / "zeros.pt2")
+    prep.verify_data()
+    val = d / ".loopwright" / "data" / "val.bin"
+    raw = bytearray(val.read_bytes())
+    raw[100] ^= 1  # flip one bit
+    val.write_bytes(bytes(raw))
+    code, res, _ = evaluate(d, model)
+    assert code == 2 and res["ok"] is False
+    assert "val.bin" in res["reason"] and "changed" in res["reason"]
+    code, res, _ = run_cli(d, "verify")
+    assert code == 1 and "val.bin" in res["reason"]
+    (d / ".loopwright" / "data" / "meta.json").unlink()
+    with pytest.raises(prep.DataError, match="run `python prepare.py prepare`"):
+        prep.evaluate_exported(str(model))
+
+
+def test_evaluator_never_imports_train_py(ws, tmp_path):
+    d = tmp_path / "ws"
+    shutil.copytree(ws, d)
+    other = tmp_path / "cwd"
+    other.mkdir()
+    marker = tmp_path / "imported"
+    trap = f"open({str(marker)!r}, 'a').write(__name__ + '\\n')\nraise SystemExit('imported!')\n"
+    (d / "train.py").write_text(trap)
+    (other / "train.py").write_text(trap)
+    (d / "numpy.py").write_text(trap)  # a workspace file shadowing a library must not load either
+    model = export(load_prepare(ws), Zeros(), other / "model.pt2")
+    for isolated in (True, False):
+        code, res, proc = evaluate(d, model, isolated=isolated, cwd=other)
+        assert code == 0 and res["ok"], proc.stdout + proc.stderr
+        assert not marker.exists(), marker.read_text()
+    assert "import train" not in (BENCH / "prepare.py").read_text()
+
+
+# --------------------------------------------------------------------------- corpus, split, tokens
+
+def test_split_is_a_hash_of_the_document_name(prep):
+    for name in ("doc0001.txt", "asyncio/base_events.py", "pydoc:for"):
+        h = int(hashlib.sha256(name.encode()).hexdigest()[:16], 16) % 100
+        assert prep.split_of(name) == ("val" if h < 5 else "test" if h < 10 else "train")
+    shares = [prep.split_of(f"n{i}") for i in range(20000)]
+    assert 0.04 < shares.count("val") / 20000 < 0.06 and 0.04 < shares.count("test") / 20000 < 0.06
+
+
+def test_prepare_is_deterministic(ws, prep, tmp_path):
+    corpus = text_corpus(tmp_path / "c", n_docs=60)
+    m1 = prep.prepare_data(str(corpus), str(tmp_path / "d1"), quiet=True)
+    m2 = prep.prepare_data(str(corpus), str(tmp_path / "d2"), quiet=True)
+    assert m1["files"] == m2["files"] and m1["tokenizer"] == "byte" and m1["vocab_size"] == 256
+    assert m1["token_bytes"] is None and set(m1["files"]) == {"train.bin", "val.bin", "test.bin"}
+
+
+def test_stdlib_corpus_is_offline_and_deterministic(prep, tmp_path, monkeypatch):
+    names = [name for name, _ in prep.iter_documents("stdlib", str(tmp_path), {})]
+    assert len(names) > 300 and names == [name for name, _ in prep.iter_documents("stdlib", str(tmp_path), {})]
+    assert any(n.startswith("pydoc:") for n in names) and "json/decoder.py" in names
+    monkeypatch.setattr(prep, "STDLIB_MAX_BYTES", 2_000_000)  # a slice keeps the test fast
+    m1 = prep.prepare_data("stdlib", str(tmp_path / "d1"), quiet=True)
+    m2 = prep.prepare_data("stdlib", str(tmp_path / "d2"), quiet=True)
+    assert m1["files"] == m2["files"] and m1["corpus"] == "stdlib"
+    total = sum(s["tokens"] - s["documents"] for s in m1["splits"].values())
+    assert 1_500_000 < total <= 2_000_000
+
+
+def test_single_text_file_is_cut_into_documents(prep, tmp_path):
+    f = tmp_path / "book.txt"
+    f.write_text("".join(f"line {i} of a long book\n" for i in range(40000)))
+    meta = prep.prepare_data(str(f), str(tmp_path / "d"), quiet=True)
+    assert meta["splits"]["val"]["documents"] > 0 and meta["splits"]["test"]["documents"] > 0
+
+
+def test_too_small_corpus_gives_a_clear_error(prep, tmp_path):
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "one.txt").write_text("tiny")
+    with pytest.raises(prep.DataError, match="bigger corpus"):
+        prep.prepare_data(str(tmp_path / "c"), str(tmp_path / "d"), quiet=True)
+
+
+def test_download_records_then_verifies_checksums(prep, tmp_path):
+    src = tmp_path / "remote" / "stories.txt"
+    src.parent.mkdir()
+    src.write_text("Once upon a time.<|endoftext|>The end.")
+    sums = {}
+    dest = tmp_path / "raw" / "stories.txt"
+    prep.download(src.as_uri(), str(dest), sums)
+    assert sums["stories.txt"]["sha256"] == hashlib.sha256(src.read_bytes()).hexdigest()
+    prep.download(src.as_uri(), str(dest), sums)  # cached and unchanged: fine
+    dest.write_text("tampered")
+    with pytest.raises(prep.DataError, match="differs from the one recorded"):
+        prep.download(src.as_uri(), str(dest), sums)
+    dest.unlink()
+    src.write_text("the remote file changed")
+    with pytest.raises(prep.DataError, match="differs"):
+        prep.download(src.as_uri(), str(dest), sums)
+
+
+def test_tinystories_corpus_from_a_file_url(prep, tmp_path, monkeypatch):
+    src = tmp_path / "TinyStories-valid.txt"
+    src.write_text("<|endoftext|>".join(f"Story {i}: a cat sat on mat {i}.\n" for i in range(3000)))
+    monkeypatch.setattr(prep, "TINYSTORIES_URL", src.as_uri())
+    data = tmp_path / "d"
+    meta = prep.prepare_data("tinystories", str(data), quiet=True)
+    assert meta["corpus"] == "tinystories" and meta["splits"]["train"]["documents"] > 2500
+    assert meta["downloads"]["TinyStories-valid.txt"]["sha256"] == hashlib.sha256(src.read_bytes()).hexdigest()
+    (data / "raw" / "TinyStories-valid.txt").write_text("changed")
+    with pytest.raises(prep.DataError, match="SHA-256"):
+        prep.prepare_data("tinystories", str(data), quiet=True)  # checksum kept from the first prepare
+
+
+def test_optional_dependencies_fail_clearly(prep, tmp_path):
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        with pytest.raises(prep.DataError, match="pyarrow"):
+            list(prep._climbmix_docs(str(tmp_path), {}))
+    try:
+        import rustbpe  # noqa: F401
+        import tiktoken  # noqa: F401
+    except ImportError:
+        corpus = text_corpus(tmp_path / "c", n_docs=60)
+        with pytest.raises(prep.DataError, match="rustbpe"):
+            prep.prepare_data(str(corpus), str(tmp_path / "d"), tokenizer="bpe", quiet=True)
+
+
+# --------------------------------------------------------------------------- training API
+
+def test_dataloader_is_seeded_and_shifted(prep):
+    a, b, c = (prep.make_dataloader("train", batch_size=4, seed=s) for s in (1, 1, 2))
+    xa, ya = next(a)
+    xb, yb = next(b)
+    xc, _ = next(c)
+    assert xa.shape == (4, prep.SEQ_LEN) and xa.dtype == torch.long
+    assert torch.equal(xa, xb) and torch.equal(ya, yb) and not torch.equal(xa, xc)
+    assert torch.equal(xa[:, 1:], ya[:, :-1])
+    with pytest.raises(ValueError, match="only the train split"):
+        prep.make_dataloader("val", batch_size=4)
+
+
+def test_constants_come_from_the_toml_next_to_prepare(ws, prep, monkeypatch):
+    assert (prep.SEQ_LEN, prep.EVAL_TOKENS, prep.TIME_BUDGET) == (64, 4096, 10.0)
+    monkeypatch.setenv("TIME_BUDGET", "999")
+    monkeypatch.setenv("LOOPWRIGHT_TIME_BUDGET", "999")
+    assert load_prepare(ws).TIME_BUDGET == 10.0
+    src = (BENCH / "prepare.py").read_text()
+    assert src.count("os.environ") == 1 and "LOOPWRIGHT_EXPORT_PATH" in src  # only the export path
+
+
+def test_export_path_defaults_to_the_runner_variable(prep, tmp_path, monkeypatch):
+    target = tmp_path / "runs" / "7" / "model.pt2"
+    monkeypatch.setenv("LOOPWRIGHT_EXPORT_PATH", str(target))
+    assert Path(prep.export_model(Zeros())) == target and target.is_file()
