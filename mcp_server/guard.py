@@ -325,15 +325,17 @@ class Policy:
     def mentions_state_dir(self, text: str) -> bool:
         return bool(self._state_mention.search(text))
 
-    def script_problem(self, text: str, lang: str) -> Optional[str]:
-        """Code run by an interpreter: any mention of the hidden split, or of private state, is
-        refused; a mention of a protected path together with a way to write files is refused."""
+    def script_problem(self, text: str, lang: str, any_state_reference: bool = True) -> Optional[str]:
+        """Code run by an interpreter: any mention of the hidden split or of the state dir is
+        refused (a script can build the rest of a path at run time); a mention of another
+        protected path together with a way to write files is refused."""
         hidden = self.hidden_mention(text)
         if hidden:
             return hidden
-        if self.mentions_state_dir(text) and _PRIVATE_NAMES.search(text):
-            return (f"this code opens the loop's private records in {self.state_dir}/ (they include the "
-                    f"hidden test score); use the state_read tool instead.")
+        if self.mentions_state_dir(text) and (any_state_reference or _PRIVATE_NAMES.search(text)):
+            return (f"this code refers to {self.state_dir}/, the loop's own state (ledger, runs, data, the "
+                    f"hidden test split); scripts may not open it. Use the state_read tool; a training log "
+                    f"can be read with tail or cat.")
         names = [name for name, rx in self._references if rx.search(text)]
         if not names:
             return None

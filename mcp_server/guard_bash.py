@@ -41,7 +41,8 @@ class ShellParseError(ValueError):
 
 @dataclass
 class Word:
-    # parts: ("lit", text) unquoted, ("q", text) quoted, ("var", name), ("sub", inner text)
+    # parts: ("lit", text) unquoted, ("q", text) quoted, ("var", name) unquoted $X (word-split),
+    # ("qvar", name) "$X", ("sub", inner text)
     parts: list
     src: str = ""                # as written, for messages
 
@@ -254,11 +255,12 @@ class _Lexer:
             inner = s[i + 2:end]
             m = re.match(r"[#!]?([A-Za-z_][A-Za-z0-9_]*|\d+|[@*#?$!-])", inner)
             name = m.group(1) if m else ""
+            kind = "qvar" if quoted else "var"
             if m and m.end() < len(inner):
                 self.subs.append(inner[m.end():])          # ${X:-$(cmd)} runs cmd
-                parts.append(("var", name + "?"))          # modifiers: value only if X is known
+                parts.append((kind, name + "?"))           # modifiers: value only if X is known
             else:
-                parts.append(("var", name))
+                parts.append((kind, name))
             self.i = end + 1
         elif nxt == "'" and not quoted:
             self.i += 2
@@ -269,7 +271,7 @@ class _Lexer:
         else:
             m = re.match(r"[A-Za-z_][A-Za-z0-9_]*|[0-9@*#?$!-]", s[i + 1:])
             if m:
-                parts.append(("var", m.group(0)))
+                parts.append(("qvar" if quoted else "var", m.group(0)))
                 self.i = i + 1 + m.end()
             else:
                 parts.append(("q" if quoted else "lit", "$"))
@@ -378,7 +380,9 @@ def parse(text: str) -> tuple[list[Command], list[str], bool]:
     for k, tok in enumerate(tokens):
         if isinstance(tok, Op) and tok.op == "(" and cur.words:
             nxt = tokens[k + 1] if k + 1 < len(tokens) else None
-            not_shell = not_shell or not (isinstance(nxt, Op) and nxt.op == ")")   # f() { ...; } is shell
+            function_def = isinstance(nxt, Op) and nxt.op == ")"                     # f() { ...; }
+            array = _plain(cur.words[-1]).endswith("=")                               # a=(1 2)
+            not_shell = not_shell or not (function_def or array)
         if isinstance(tok, Word):
             cur.words.append(tok)
         elif isinstance(tok, Redir):
@@ -522,6 +526,7 @@ def _vals(opts, *names) -> list:
 # --------------------------------------------------------------------------- analyser
 
 _PY = re.compile(r"python[0-9.]*[dmu]?|pypy[0-9.]*")
+_STDIN_PATHS = {"/dev/stdin", "/dev/fd/0", "/proc/self/fd/0"}
 _SHELLS = {"sh", "bash", "zsh", "dash", "ksh", "mksh", "ash", "fish", "busybox-sh"}
 _AWKS = {"awk", "gawk", "mawk", "nawk"}
 # Commands that only look at names / metadata: naming a hidden file is fine for them.
@@ -549,12 +554,13 @@ class ShellGuard:
     """Walks one shell string and raises Denied on the first effect the policy forbids."""
 
     def __init__(self, policy, cwd: str, depth: int = 0, variables: Optional[dict] = None,
-                 written: Optional[dict] = None):
+                 written: Optional[dict] = None, aliases: Optional[dict] = None):
         self.policy = policy
         self.cwd = cwd
         self.depth = depth
         self.vars = dict(variables) if variables is not None else _initial_vars(cwd)
         self.written = written if written is not None else {}   # path -> text written earlier in this command
+        self.aliases = aliases if aliases is not None else {}   # alias name -> replacement text
 
     # -- entry points
 
@@ -576,14 +582,16 @@ class ShellGuard:
             self._unparsable(text, e)
             return
         if not_shell:
-            self.script(text, "script", "this command is not valid shell (it may run under another interpreter)")
+            problem = self.policy.script_problem(text, "script", any_state_reference=False)
+            if problem:
+                raise Denied(f"this command is not valid shell (it may run under another interpreter): {problem}")
         for sub in subs:
             self._child().run(sub)
         for cmd in commands:
             self._command(cmd)
 
     def _child(self, cwd: Optional[str] = None) -> "ShellGuard":
-        return ShellGuard(self.policy, cwd or self.cwd, self.depth + 1, self.vars, self.written)
+        return ShellGuard(self.policy, cwd or self.cwd, self.depth + 1, self.vars, self.written, self.aliases)
 
     def _unparsable(self, text: str, err: Exception):
         # bash would reject it too; refuse only if it names something protected.
@@ -634,30 +642,50 @@ class ShellGuard:
         return m.group(1), value
 
     def _expand(self, word: Word, split: bool = True) -> list:
-        """Quote removal, ~, variables, brace and glob marking. Returns one Arg per expansion."""
-        pieces: list = []        # (text, kind) with kind lit / q / dyn
+        """Quote removal, ~, variables (an unquoted $X is split on IFS, as bash does), brace
+        expansion and glob marking. Returns one Arg per resulting word."""
+        fields: list = [[]]      # each field: [(text, kind)] with kind lit / q / dyn
         for idx, (kind, text) in enumerate(word.parts):
             if kind == "lit" and idx == 0 and text.startswith("~"):
                 head, sep, tail = text.partition("/")
                 home = os.path.expanduser(head)
                 if home != head:
-                    pieces.append((home, "q"))
+                    fields[-1].append((home, "q"))
                     text = sep + tail
             if kind in ("lit", "q"):
-                pieces.append((text, kind))
-            elif kind == "var":
+                fields[-1].append((text, kind))
+            elif kind in ("var", "qvar"):
                 value = self.vars.get(text.rstrip("?"))
-                pieces.append((value, "q") if value is not None else ("*", "dyn"))
+                if value is None:
+                    fields[-1].append(("*", "dyn"))
+                elif kind == "var" and split:
+                    chunks = self._ifs_split(value)
+                    fields[-1].append((chunks[0], "q"))
+                    fields.extend([(c, "q")] for c in chunks[1:])
+                else:
+                    fields[-1].append((value, "q"))
             else:
-                pieces.append(("*", "dyn"))
-        variants = [[]]
-        for text, kind in pieces:
-            if kind == "lit" and "{" in text and split:
-                alts = _brace_expand(text)
-                variants = [v + [(alt, kind)] for v in variants for alt in alts][:64]
-            else:
-                variants = [v + [(text, kind)] for v in variants]
-        return [self._arg(v, word.src) for v in variants]
+                fields[-1].append(("*", "dyn"))
+        args = []
+        for pieces in fields:
+            if not pieces or (len(fields) > 1 and not "".join(t for t, _ in pieces)):
+                continue                                   # empty fields from splitting vanish
+            variants = [[]]
+            for text, kind in pieces:
+                if kind == "lit" and "{" in text and split:
+                    alts = _brace_expand(text)
+                    variants = [v + [(alt, kind)] for v in variants for alt in alts][:64]
+                else:
+                    variants = [v + [(text, kind)] for v in variants]
+            args.extend(self._arg(v, word.src) for v in variants)
+        return args or [Arg("")]
+
+    def _ifs_split(self, value: str) -> list:
+        ifs = self.vars.get("IFS")
+        ifs = " \t\n" if ifs is None else ifs
+        if not ifs:
+            return [value]
+        return re.split("[" + re.escape(ifs) + "]+", value)
 
     @staticmethod
     def _arg(pieces: list, src: str) -> Arg:
@@ -825,6 +853,13 @@ class ShellGuard:
             if head.kind != "static":
                 self._dynamic_command(args)
                 return None
+            if head.text in self.aliases:             # Claude Code's shell may expand aliases
+                alias = self.aliases.pop(head.text)   # not inside its own expansion: `alias ls='ls -la'`
+                try:
+                    self.shell_text(alias + " " + " ".join(shlex.quote(a.text) for a in args[1:]))
+                finally:
+                    self.aliases[head.text] = alias
+                return None
             name = _normalize(os.path.basename(head.text))
             wrapper = _WRAPPERS.get(name)
             if wrapper is None:
@@ -854,25 +889,27 @@ class ShellGuard:
         if not pos or pos[0].text == "-":
             self.script(stdin, "python", "the python code on stdin")
             return
-        self._script_file(pos[0], pos[1:], "python")
+        self._script_file(pos[0], pos[1:], "python", stdin)
 
-    def _script_file(self, path_arg: Arg, rest: list, lang: str):
+    def _script_file(self, path_arg: Arg, rest: list, lang: str, stdin: Optional[str] = None):
         """An interpreter running a file: look inside it unless it is the editable file."""
         if path_arg.kind != "static":
             return
-        if self.policy.is_editable(path_arg.text, self.cwd):
+        if path_arg.text in _STDIN_PATHS:
+            text = stdin
+        elif self.policy.is_editable(path_arg.text, self.cwd):
             return        # train.py runs under the loop anyway; the manifest check covers what it does
-        frozen = self.policy.frozen_script_problem(path_arg.text, self.cwd, [a.text for a in rest])
-        if frozen:
-            raise Denied(frozen)
-        if self.policy.write_problem(path_arg.text, self.cwd) is not None:
-            return        # another frozen file run as a script; nothing the agent wrote
-        text = self._file_text(path_arg)
+        else:
+            frozen = self.policy.frozen_script_problem(path_arg.text, self.cwd, [a.text for a in rest])
+            if frozen:
+                raise Denied(frozen)
+            if self.policy.write_problem(path_arg.text, self.cwd) is not None:
+                return    # another frozen file run as a script; nothing the agent wrote
+            text = self._file_text(path_arg)
         if lang == "sh":
             self.shell_text(text)
         else:
             self.script(text, lang, f"the script {path_arg.text}")
-
 
 # --------------------------------------------------------------------------- helpers
 
@@ -1267,7 +1304,7 @@ def _perl_like(lang: str):
             g.script(c, lang, f"{lang} -e")
         if not code:
             if files:
-                g._script_file(files[0], files[1:], lang)
+                g._script_file(files[0], files[1:], lang, stdin)
                 files = files[1:]
             else:
                 g.script(stdin, lang, f"the {lang} code on stdin")
@@ -1288,7 +1325,7 @@ def _h_node(g: ShellGuard, args, stdin, env):
     if code:
         g.script(code[0].text, "node", "node -e")
     elif pos:
-        g._script_file(pos[0], pos[1:], "node")
+        g._script_file(pos[0], pos[1:], "node", stdin)
     else:
         g.script(stdin, "node", "the node code on stdin")
 
@@ -1302,7 +1339,7 @@ def _h_eval_code(flag: str, lang: str):
                 return
         pos = [a for a in args[1:] if not a.text.startswith("-")]
         if pos:
-            g._script_file(pos[0], pos[1:], lang)
+            g._script_file(pos[0], pos[1:], lang, stdin)
     return handler
 
 
@@ -1338,9 +1375,16 @@ def _h_sh(g: ShellGuard, args, stdin, env):
             continue
         break
     if i < len(args) and args[i].text != "-":
-        g._script_file(args[i], args[i + 1:], "sh")
+        g._script_file(args[i], args[i + 1:], "sh", stdin)
     else:
         g.shell_text(stdin)
+
+
+def _h_alias(g: ShellGuard, args, stdin, env):
+    for a in args[1:]:
+        name, eq, value = a.text.partition("=")
+        if eq:
+            g.aliases[name] = value
 
 
 def _h_eval(g: ShellGuard, args, stdin, env):
@@ -1349,7 +1393,7 @@ def _h_eval(g: ShellGuard, args, stdin, env):
 
 def _h_source(g: ShellGuard, args, stdin, env):
     if len(args) > 1:
-        g._script_file(args[1], args[2:], "sh")
+        g._script_file(args[1], args[2:], "sh", stdin)
 
 
 def _h_find(g: ShellGuard, args, stdin, env):
@@ -1580,6 +1624,8 @@ def _h_tar(g: ShellGuard, args, stdin, env):
             g.write(v, "tar -f")
         for a in pos:
             g.read(a.derive(os.path.join(where.text, a.text)), recursive=True)
+            if _has(opts, "--remove-files"):
+                g.delete(a.derive(os.path.join(where.text, a.text)), "tar --remove-files", recursive=True)
 
 
 def _h_unzip(g: ShellGuard, args, stdin, env):
@@ -1596,6 +1642,8 @@ def _h_zip(g: ShellGuard, args, stdin, env):
         g.write(pos[0], f"zip {pos[0].shown}")
         for a in pos[1:]:
             g.read(a, recursive=_has(opts, "-r", "-R"))
+            if _has(opts, "-m", "--move"):
+                g.delete(a, f"zip -m {a.shown} (deletes it)", recursive=True)
 
 
 def _h_compress(g: ShellGuard, args, stdin, env):
@@ -1643,7 +1691,7 @@ _HANDLERS: dict[str, Callable] = {
     "node": _h_node, "bun": _h_node, "deno": _h_eval_code("eval", "node"),
     "php": _h_eval_code("-r", "php"), "lua": _h_eval_code("-e", "lua"), "Rscript": _h_eval_code("-e", "R"),
     "python": _h_python, "awk": _h_awk, "sh": _h_sh, "eval": _h_eval, "source": _h_source, ".": _h_source,
-    "find": _h_find, "git": _h_git, "sqlite3": _h_sqlite, "patch": _h_patch,
+    "alias": _h_alias, "find": _h_find, "git": _h_git, "sqlite3": _h_sqlite, "patch": _h_patch,
     "apply_patch": _h_apply_patch, "applypatch": _h_apply_patch,
     "tar": _h_tar, "bsdtar": _h_tar, "unzip": _h_unzip, "zip": _h_zip,
     "curl": _h_download(("-o", "--output")), "wget": _h_download(("-O", "--output-document")),

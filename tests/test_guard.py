@@ -213,6 +213,13 @@ def _cases_deny(ws: Path):
         ("tar-extract", C, "Bash", {"command": "tar xzf /tmp/evil.tgz"}, None),
         ("absolute-from-elsewhere", C, "Bash", {"command": f"rm {W}/prepare.py"}, "/tmp"),
         ("fd-redirect", C, "Bash", {"command": "exec 3> .git/HEAD"}, None),
+        ("word-split-variable", C, "Bash", {"command": "c='rm -f prepare.py'; $c"}, None),
+        ("ifs-split", C, "Bash", {"command": "IFS=,; c=rm,prepare.py; $c"}, None),
+        ("alias", C, "Bash", {"command": "alias r=rm; r -f train.py; r -f prepare.py"}, None),
+        ("zip-move", C, "Bash", {"command": "zip -m /tmp/a.zip prepare.py"}, None),
+        ("tar-remove-files", C, "Bash", {"command": "tar cf /tmp/a.tar --remove-files prepare.py"}, None),
+        ("sh-dev-stdin", X, "Bash", {"command": "sh /dev/stdin <<< 'rm prepare.py'"}, None),
+        ("py-state-dir-computed", C, "Bash", {"command": "python3 -c \"print(open('.loopwright/data/'+'te'+'st.bin').read())\""}, None),
     ]
 
 
