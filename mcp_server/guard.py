@@ -211,6 +211,24 @@ class Policy:
                     rels.add(self.state_dir if r == "." else f"{self.state_dir}/{r}")
         return rels
 
+    def _hard_link_twin(self, path: str, cwd: str) -> Optional[str]:
+        """A hard link made earlier (by means the hook could not see) shares the protected file's
+        inode: writing it writes prepare.py. Only files with several links are compared."""
+        try:
+            st = os.stat(self._resolve(path, cwd)[1])
+        except (OSError, ValueError):
+            return None
+        if st.st_nlink < 2 or not os.path.isfile(self._resolve(path, cwd)[1]):
+            return None
+        for prefix in self._protected_prefixes:
+            try:
+                other = os.stat(os.path.join(self.root, prefix))
+            except (OSError, ValueError):
+                continue
+            if (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino):
+                return prefix
+        return None
+
     def _category(self, rel: str) -> Optional[tuple[str, str]]:
         if rel == ".":
             return None
@@ -247,6 +265,9 @@ class Policy:
         """Why writing `path` is not allowed, or None. strict: only the editable files may be
         written (the file-edit tools); otherwise only protected paths are refused (the shell)."""
         rels = self._relatives(path, cwd)
+        twin = self._hard_link_twin(path, cwd)
+        if twin:
+            rels.add(twin)
         if not rels:
             return None                                  # outside the workspace: not ours
         for rel in sorted(rels):
@@ -258,7 +279,9 @@ class Policy:
         return None
 
     def read_problem(self, path: str, cwd: str) -> Optional[str]:
-        for rel in sorted(self._relatives(path, cwd)):
+        rels = self._relatives(path, cwd)
+        twin = self._hard_link_twin(path, cwd)
+        for rel in sorted(rels | ({twin} if twin else set())):
             cat = self._category(rel)
             if cat and cat[0] in ("hidden", "private"):
                 return self._reason(cat[0], rel)
@@ -588,7 +611,8 @@ def _decide_unknown(tool: str, inp: dict, cwd: str, policy: Policy) -> Decision:
 
 # --------------------------------------------------------------------------- workspaces
 
-_ABS_WORD = re.compile(r"""(?<![\w$.])(/[^\s'"`;|&<>()$]+|~/[^\s'"`;|&<>()$]*)""")
+# Path-like words in a command: absolute, ~/..., or relative with a slash (../ws/prepare.py).
+_PATH_WORD = re.compile(r"""(?<![\w$.])((?:/|~/|\.{1,2}/|[\w.-]+/)[^\s'"`;|&<>()$]*)""")
 
 
 def find_workspace_roots(start: str) -> list[str]:
@@ -614,16 +638,18 @@ def payload_workspaces(payload: dict) -> list[str]:
     for key in PATH_KEYS_IN_INPUT:
         if isinstance(inp.get(key), str):
             starts.append(os.path.join(cwd, inp[key]))
+    home = os.path.expanduser("~")
     for value in inp.values():
         if isinstance(value, list):
             value = " ".join(map(str, value))
         if isinstance(value, str):
-            starts.extend(m.group(1) for m in _ABS_WORD.finditer(value[:100_000]))
+            value = value[:100_000].replace("${HOME}", home).replace("$HOME", home)
+            starts.extend(os.path.join(cwd, m.group(1)) for m in _PATH_WORD.finditer(value))
             starts.extend(os.path.join(cwd, target) for _, target in parse_apply_patch(value))
     roots: list[str] = []
-    for start in starts[:200]:
-        if start:
-            for root in find_workspace_roots(start):
+    for start in dict.fromkeys(s for s in starts[:200] if s):
+        for candidate in {start, os.path.realpath(os.path.expanduser(start))}:
+            for root in find_workspace_roots(candidate):
                 if root not in roots:
                     roots.append(root)
     return roots

@@ -23,10 +23,12 @@ import os
 import re
 import shlex
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Callable, Optional
 
 MAX_DEPTH = 8            # nested bash -c / $(...) levels before we give up (and deny)
 MAX_SCRIPT_BYTES = 1 << 20
+MAX_GLOB_MATCHES = 2000  # beyond this a glob is judged by its pattern, not by listing every match
 
 
 class Denied(Exception):
@@ -442,11 +444,11 @@ def _brace_expand(s: str, limit: int = 64) -> list[str]:
                     if m.group(1) is not None:
                         a, b = int(m.group(1)), int(m.group(2))
                         step = 1 if b >= a else -1
-                        alts = [str(v) for v in range(a, b + step, step)][:limit]
+                        alts = [str(v) for v in range(a, b + step, step)[:limit]]
                     else:
                         a, b = ord(m.group(3)), ord(m.group(4))
                         step = 1 if b >= a else -1
-                        alts = [chr(v) for v in range(a, b + step, step)]
+                        alts = [chr(v) for v in range(a, b + step, step)[:limit]]
                 out = []
                 for alt in alts:
                     for tail in _brace_expand(alt + post, limit):
@@ -765,9 +767,13 @@ class ShellGuard:
         if arg.kind == "static":
             return [arg.text]
         if arg.kind == "glob":
-            matches = _glob.glob(self._abs(arg.text))
+            matches = list(islice(_glob.iglob(self._abs(arg.text)), MAX_GLOB_MATCHES + 1))
             return matches or [arg.text]
         return []
+
+    def _too_wide(self, arg: Arg) -> bool:
+        """A glob with more matches than we list: check it like a run-time value instead."""
+        return arg.kind == "glob" and len(self._concrete(arg)) > MAX_GLOB_MATCHES
 
     def write(self, arg: Arg, how: str, recursive: bool = False, strict: bool = False):
         for path in self._concrete(arg):
@@ -776,7 +782,7 @@ class ShellGuard:
                 problem = self.policy.covers_problem(path, self.cwd)
             if problem:
                 raise Denied(f"{how} would modify a protected path: {problem}")
-        if arg.kind == "dynamic":
+        if arg.kind == "dynamic" or self._too_wide(arg):
             hit = self.policy.pattern_hits(arg.text, self.cwd, covers=recursive)
             if hit:
                 raise Denied(f"{how}: the guard cannot resolve {arg.shown} before the command runs, and it "

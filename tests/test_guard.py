@@ -382,6 +382,28 @@ def test_state_dir_symlinked_out_of_the_workspace(ws, tmp_path):
     assert decide(payload("claude", ws, "Read", {"file_path": str(elsewhere / "data" / "val.bin")})).allow
 
 
+def test_hard_link_made_earlier_is_treated_as_the_file(ws, tmp_path):
+    os.link(ws / "prepare.py", tmp_path / "innocent.py")       # e.g. by a script the hook could not read
+    assert not decide(payload("claude", ws, "Write", {"file_path": str(tmp_path / "innocent.py")})).allow
+    assert not decide(payload("claude", ws, "Bash", {"command": f"echo x >> {tmp_path}/innocent.py"})).allow
+
+
+def test_workspace_found_from_relative_paths_outside_it(ws, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    for cmd in ("rm ../ws/prepare.py", "cd ../ws && rm prepare.py", "git -C ../ws reset --hard"):
+        assert not decide(payload("claude", ws, "Bash", {"command": cmd}, cwd=out)).allow, cmd
+
+
+def test_pathological_commands_stay_fast(ws):
+    for cmd in ("echo {1..100000000}", "ls /*/*/*/*", "echo " + "$(" * 30 + "x" + ")" * 30,
+                "echo " + " ".join(["a{b,c}{d,e}{f,g}"] * 200), "x" * 200_000):
+        start = time.perf_counter()
+        decide(payload("claude", ws, "Bash", {"command": cmd}))
+        assert time.perf_counter() - start < 3, cmd[:40]
+    assert not decide(payload("claude", ws, "Bash", {"command": "echo " + "$(" * 30 + "rm prepare.py" + ")" * 30})).allow
+
+
 def test_case_insensitive_names_are_protected(ws):
     assert not decide(payload("claude", ws, "Write", {"file_path": str(ws / "PREPARE.PY")})).allow
 
