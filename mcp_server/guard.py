@@ -805,12 +805,20 @@ def _main_pre_tool_use(raw: str, exit_code_format: bool) -> int:
     return emit_pre_tool_use(decision, exit_code_format)
 
 
+def _session_root(payload: dict) -> Optional[str]:
+    """The workspace a Stop / SessionStart belongs to: around its cwd, else CLAUDE_PROJECT_DIR."""
+    for start in (_payload_cwd(payload, {}), os.environ.get("CLAUDE_PROJECT_DIR")):
+        roots = find_workspace_roots(start) if start else []
+        if roots:
+            return roots[0]
+    return None
+
+
 def _main_stop(raw: str, exit_code_format: bool) -> int:
     try:
         payload = json.loads(raw)
-        roots = find_workspace_roots(_payload_cwd(payload, {})) or find_workspace_roots(
-            os.environ.get("CLAUDE_PROJECT_DIR") or "/nonexistent")
-        decision = run_stop(payload, roots[0]) if roots else None
+        root = _session_root(payload)
+        decision = run_stop(payload, root) if root else None
     except Exception as e:
         # fail open here: blocking on a broken status could keep an agent spinning forever
         _note(f"loopwright guard: stop check failed ({type(e).__name__}: {e}); letting the agent stop")
@@ -823,11 +831,10 @@ def _main_stop(raw: str, exit_code_format: bool) -> int:
 def _main_session_start(raw: str, exit_code_format: bool) -> int:
     try:
         payload = json.loads(raw)
-        roots = find_workspace_roots(_payload_cwd(payload, {})) or find_workspace_roots(
-            os.environ.get("CLAUDE_PROJECT_DIR") or "/nonexistent")
-        if not roots:
+        root = _session_root(payload)
+        if root is None:
             return 0
-        context = session_start_context(payload, roots[0])
+        context = session_start_context(payload, root)
     except Exception as e:
         _note(f"loopwright guard: session-start failed ({type(e).__name__}: {e})")
         return 0
