@@ -170,6 +170,7 @@ def cmd_revert(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="loopwright", description="A closed research loop for coding agents.")
     p.add_argument("--version", action="version", version=f"loopwright {__version__}")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = p.add_subparsers(dest="command", required=True)
 
     def ws_arg(sp):
@@ -237,6 +238,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as e:  # noqa: BLE001 - a message, not a traceback, unless asked for
+        if args.debug:
+            raise
+        print(f"loopwright: {type(e).__name__}: {e}\n(run with --debug for the traceback)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -44,3 +44,46 @@ def register(sub, ws_arg, command) -> None:
         print("Codex runs hooks only once they are trusted: open Codex and review them with /hooks, or pass "
               "--dangerously-bypass-hook-trust to `codex exec` (hooks that are not trusted silently do not run).")
         return 0
+
+    sp = ws_arg(sub.add_parser("cron", help="start agent sessions on the [[schedule]] entries of loopwright.toml"))
+    mode = sp.add_mutually_exclusive_group()
+    mode.add_argument("--once", action="store_true", help="one tick, for system cron (every minute)")
+    mode.add_argument("--install", action="store_true", help="print a crontab line and a systemd unit/timer")
+
+    @command("cron")
+    def cmd_cron(args) -> int:
+        from .triggers import cron
+        from .workspace import Workspace
+
+        root = Workspace.find(args.workspace).root
+        if args.install:
+            for name, text in cron.install_lines(root, sys.executable).items():
+                print(f"# --- {name} ---\n{text.rstrip()}\n")
+            return 0
+        if args.once:
+            for result in cron.tick(root):
+                print(result)
+            return 0
+        return cron.serve_forever(root)
+
+    sp = ws_arg(sub.add_parser("webhook", help="receive GitHub / Slack / Jira / signed webhooks that start sessions"))
+    sp.add_argument("--host", default=None, help="default: [webhook] host (127.0.0.1)")
+    sp.add_argument("--port", type=int, default=None, help="default: [webhook] port")
+
+    @command("webhook")
+    def cmd_webhook(args) -> int:
+        from .triggers import webhook
+        from .workspace import Workspace
+
+        webhook.serve(Workspace.find(args.workspace).root, host=args.host, port=args.port)
+        return 0
+
+    ws_arg(sub.add_parser("notify", help="deliver pending Slack / Jira messages now"))
+
+    @command("notify")
+    def cmd_notify(args) -> int:
+        from .notify.outbox import notify_workspace
+        from .workspace import Workspace
+
+        print(notify_workspace(Workspace.find(args.workspace).root))
+        return 0

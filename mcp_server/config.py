@@ -104,7 +104,7 @@ class ScheduleConfig(_Section):
     def _valid_cron(cls, v: str) -> str:
         from croniter import croniter
 
-        if not croniter.is_valid(v, strict=True):
+        if len(v.split()) != 5 or not croniter.is_valid(v, strict=True):
             raise ValueError(f"{v!r} is not a valid 5-field cron expression (e.g. '0 1 * * *' = 01:00 daily)")
         return v
 
