@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import statistics
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -45,6 +46,21 @@ class Engine:
 
     def close(self) -> None:
         self.ledger.close()
+
+    def _notify_soon(self) -> None:
+        """Deliver new events to Slack / Jira in the background; the outbox retries whatever fails."""
+        if not sinks_for(self.ws.cfg):
+            return
+        root = self.ws.root
+
+        def deliver() -> None:
+            try:
+                from .notify.outbox import notify_workspace
+                notify_workspace(root)
+            except Exception:  # noqa: BLE001 - a connector failure never touches the loop
+                pass
+
+        threading.Thread(target=deliver, name="loopwright-notify", daemon=True).start()
 
     # -- campaign and best ----------------------------------------------------
     @property
@@ -120,6 +136,7 @@ class Engine:
         self.ledger.add_event(c["id"], "tamper", {"files": [m.path for m in mism], "when": when,
                                                   "detail": integrity.describe(mism), "action": actions},
                               sinks=sinks_for(self.ws.cfg))
+        self._notify_soon()
         raise LoopError(f"integrity check failed {when}: {integrity.describe(mism)}. The pinned files were "
                         f"restored and a tamper event was recorded; nothing was run or scored. Only "
                         f"{', '.join(self.ws.cfg.paths.editable)} may change -- make your change there and "
@@ -223,6 +240,8 @@ class Engine:
             raise LoopError(f"exact repeat of experiment #{p['id']} ({p['description']!r}: status {p['status']}, "
                             f"val_bpb {p['val_bpb']}, verdict {p['verdict']}). Try something else; "
                             "state_read(view='tried') lists what was tried.")
+        from .mechanisms import near_repeat_warnings
+        warnings = near_repeat_warnings(self)   # search mechanisms (tabu): near repeats of tried versions
         self._abandon_pending_retests(c)
         try:
             commit, _ = gitops.commit_editable(self.ws.root, self.ws.cfg.paths.editable, self.ws.cfg.paths.state_dir,
@@ -230,8 +249,10 @@ class Engine:
         except gitops.GitError as e:
             raise LoopError(str(e)) from None
         assert commit is not None
-        return self._execute(c, description, hypothesis, commit, c["best_commit"], on_progress, session_id,
-                             source_sha=sha)
+        res = self._execute(c, description, hypothesis, commit, c["best_commit"], on_progress, session_id,
+                            source_sha=sha)
+        res.warnings.extend(warnings)
+        return res
 
     def _abandon_pending_retests(self, c: dict) -> None:
         """A new candidate while a retest waits: the retest is discarded and the branch goes back to best."""
@@ -322,6 +343,7 @@ class Engine:
         n = self._crash_streak_len()
         if len(recent) == n and all(r["status"] in ("crash", "timeout", "rejected") for r in recent):
             self.ledger.add_event(c["id"], "crash_streak", {"count": n, "last_reason": row["reason"]}, sinks)
+        self._notify_soon()
 
     def _crash_streak_len(self) -> int:
         return self.ws.cfg.slack.crash_streak if self.ws.cfg.slack else 3
@@ -383,6 +405,7 @@ class Engine:
                 gitops.reset_to(self.ws.root, c["best_commit"])
                 nxt = "Discarded: train.py is back at the best version. Note the dead end, then try something else."
             self._maybe_plateau(c)
+            self._notify_soon()
             c = self.ledger.campaign(c["id"])
             best_after, _ = self.best(c)
             return ScoreResult(experiment_id=exp["id"], verdict=v.kind, gain=round(v.gain, 6),
@@ -470,6 +493,7 @@ class Engine:
             self.ledger.kv_set(f"budget_spent_notified:{c['id']}", "1")
             self.ledger.add_event(c["id"], "budget_spent", {"reasons": reasons, "tag": c["tag"], "best": best},
                                   sinks_for(self.ws.cfg))
+            self._notify_soon()
         nxt = ("Stop now: the budget is spent. Summarise what you learned with note()." if should_stop else
                "Budget remains: keep going (state_read, edit train.py, run_experiment, score).")
         return BudgetResult(**{**st.model_dump(), "reasons": reasons, "should_stop": should_stop},
