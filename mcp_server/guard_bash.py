@@ -816,6 +816,18 @@ class ShellGuard:
         if problem:
             raise Denied(f"{origin}: {problem}")
 
+    def code_on_stdin(self, stdin: Optional[str], lang: str, name: str):
+        """A shell or interpreter reading its program from stdin. Unknown stdin (a terminal, or a
+        pipe from a program) is refused: Codex does not run PreToolUse for write_stdin, so an
+        interactive shell would take commands the guard never sees."""
+        if stdin is None:
+            raise Denied(f"{name} started without a script reads its commands from a terminal or a pipe the "
+                         f"guard cannot see; run the command itself, or pass the code with -c or a heredoc.")
+        if lang == "sh":
+            self.shell_text(stdin)
+        else:
+            self.script(stdin, lang, f"the {lang} code on stdin")
+
     def shell_text(self, text: Optional[str], cwd: Optional[str] = None):
         if text is not None:
             self._child(cwd).run(text)
@@ -893,7 +905,7 @@ class ShellGuard:
         if _has(opts, "-m"):
             return
         if not pos or pos[0].text == "-":
-            self.script(stdin, "python", "the python code on stdin")
+            self.code_on_stdin(stdin, "python", "python")
             return
         self._script_file(pos[0], pos[1:], "python", stdin)
 
@@ -985,7 +997,7 @@ def _w_sudo(g: ShellGuard, args, stdin, env):
     i = _opt_index(args, {"-u", "-g", "-C", "-p", "-r", "-t", "-U", "-h", "-D", "-R", "-T"})
     flags = {a.text for a in args[1:i]}
     if i >= len(args) and ("-s" in flags or "-i" in flags):
-        g.shell_text(stdin)
+        g.code_on_stdin(stdin, "sh", "sudo -s")
     return args[i:]
 
 
@@ -1313,7 +1325,7 @@ def _perl_like(lang: str):
                 g._script_file(files[0], files[1:], lang, stdin)
                 files = files[1:]
             else:
-                g.script(stdin, lang, f"the {lang} code on stdin")
+                g.code_on_stdin(stdin, lang, lang)
         if in_place:
             for a in files:
                 g.write(a, f"{lang} -i on {a.shown}")
@@ -1333,7 +1345,7 @@ def _h_node(g: ShellGuard, args, stdin, env):
     elif pos:
         g._script_file(pos[0], pos[1:], "node", stdin)
     else:
-        g.script(stdin, "node", "the node code on stdin")
+        g.code_on_stdin(stdin, "node", "node")
 
 
 def _h_eval_code(flag: str, lang: str):
@@ -1383,7 +1395,7 @@ def _h_sh(g: ShellGuard, args, stdin, env):
     if i < len(args) and args[i].text != "-":
         g._script_file(args[i], args[i + 1:], "sh", stdin)
     else:
-        g.shell_text(stdin)
+        g.code_on_stdin(stdin, "sh", _literal_text(args[0]))
 
 
 def _h_alias(g: ShellGuard, args, stdin, env):

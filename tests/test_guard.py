@@ -219,6 +219,9 @@ def _cases_deny(ws: Path):
         ("zip-move", C, "Bash", {"command": "zip -m /tmp/a.zip prepare.py"}, None),
         ("tar-remove-files", C, "Bash", {"command": "tar cf /tmp/a.tar --remove-files prepare.py"}, None),
         ("sh-dev-stdin", X, "Bash", {"command": "sh /dev/stdin <<< 'rm prepare.py'"}, None),
+        ("interactive-shell", X, "Bash", {"command": "bash"}, None),      # then write_stdin, unhooked
+        ("interactive-python", X, "Bash", {"command": "python3 -i"}, None),
+        ("pipe-unknown-to-sh", C, "Bash", {"command": "base64 -d /tmp/blob | sh"}, None),
         ("py-state-dir-computed", C, "Bash", {"command": "python3 -c \"print(open('.loopwright/data/'+'te'+'st.bin').read())\""}, None),
     ]
 
@@ -313,8 +316,9 @@ def test_computed_path_is_not_caught_by_the_hook(ws):
     (mcp_server/integrity.py, before every run and score) is what catches the change."""
     cmd = "python3 -c \"import base64; open(base64.b64decode('cHJlcGFyZS5weQ==').decode(), 'w').write('')\""
     assert decide(payload("claude", ws, "Bash", {"command": cmd})).allow
-    # likewise a script fetched or decoded at run time, and code run under train.py itself
-    assert decide(payload("claude", ws, "Bash", {"command": "base64 -d /tmp/blob | python3"})).allow
+    # likewise code decoded at run time, and code run under train.py itself
+    hidden_code = "python3 -c \"exec(__import__('base64').b64decode('aW1wb3J0IG9zOyBvcy5yZW1vdmUoJ3ByZXBhcmUucHknKQ=='))\""
+    assert decide(payload("claude", ws, "Bash", {"command": hidden_code})).allow
     assert decide(payload("claude", ws, "Edit", {"file_path": str(ws / "train.py"), "old_string": "x",
                                                   "new_string": "open('prepare.py','w')"})).allow
 
