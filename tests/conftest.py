@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "bench" / "gpt"
 
 # Fast settings for loop tests: a few seconds of training, a small evaluation.
-FAST = {"benchmark": {"time_budget": 15.0, "grace_seconds": 45.0, "eval_tokens": 8192},
+FAST = {"benchmark": {"time_budget": 25.0, "grace_seconds": 45.0, "eval_tokens": 8192},
         "noise": {"baseline_seeds": 2, "min_delta": 0.002},
         "budget": {"max_experiments": 100, "max_hours": 10.0, "max_cost_usd": 10.0}}
 
@@ -46,8 +46,11 @@ def small_corpus(tmp_path_factory) -> Path:
     return make_small_corpus(tmp_path_factory.mktemp("corpus"))
 
 
-def hobbled_bench(dest: Path, lr: str = "0.0002") -> Path:
-    """The bundled benchmark with a deliberately low learning rate, so a known fix is a real gain."""
+def hobbled_bench(dest: Path, lr: str = "0.0002", max_steps: int = 24) -> Path:
+    """The bundled benchmark with a deliberately low learning rate, so a known fix is a real gain.
+
+    Training is bounded by a step count (MAX_STEPS) well inside the time budget, so the outcome does
+    not depend on how busy the machine is."""
     dest.mkdir(parents=True, exist_ok=True)
     for name in ("prepare.py", "program.md"):
         shutil.copyfile(BENCH / name, dest / name)
@@ -55,6 +58,8 @@ def hobbled_bench(dest: Path, lr: str = "0.0002") -> Path:
     src, n = re.subn(r"^LR = [0-9.e-]+", f"LR = {lr}", src, count=1, flags=re.M)
     assert n == 1, "train.py must define LR as a top-level constant"
     (dest / "train.py").write_text(src)
+    set_constant(dest / "train.py", "MAX_STEPS", str(max_steps))
+    set_constant(dest / "train.py", "BATCH_SIZE", "8")
     return dest
 
 

@@ -108,7 +108,7 @@ async def test_frozen_config_change_is_tamper_but_budget_change_is_not(ws):
     eng = Engine(ws.root)
     from mcp_server import integrity
     assert integrity.check(eng.ws, eng.campaign["pinned_commit"]) == []
-    toml.write_text(original.replace("time_budget = 15.0", "time_budget = 600.0"))
+    toml.write_text(original.replace("time_budget = 25.0", "time_budget = 600.0"))
     mism = integrity.check(eng.ws, eng.campaign["pinned_commit"])
     assert [m.kind for m in mism] == ["config"]
 

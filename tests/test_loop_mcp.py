@@ -64,7 +64,7 @@ async def _full_cycle(client, ws, progress_log):
     assert rev["commit"] == good_commit[:10] and "DEPTH = 1" not in train.read_text()
 
     # 5. state and notes
-    await _call(client, "note", {"text": "LR below 1e-4 does not learn in 15 s", "kind": "dead_end"})
+    await _call(client, "note", {"text": "LR below 1e-4 does not learn in 24 steps", "kind": "dead_end"})
     state = await _call(client, "state_read", {"view": "summary"})
     assert state["summary"]["kept"] == 1 and state["summary"]["discarded"] == 1
     notes = await _call(client, "state_read", {"view": "notes"})
