@@ -1065,14 +1065,12 @@ def _w_run(g: ShellGuard, args, stdin, env):
     return rest
 
 
-def _w_dash_c(with_value: set):
+def _w_dash_c(g: ShellGuard, args, stdin, env):
     """su / runuser / script: `-c STRING` is run by a shell; without it nothing we can see runs."""
-    def wrap(g: ShellGuard, args, stdin, env):
-        for i, a in enumerate(args[1:-1], 1):
-            if a.text in ("-c", "--command"):
-                g.shell_text(args[i + 1].text)
-        return []
-    return wrap
+    for i, a in enumerate(args[1:-1], 1):
+        if a.text in ("-c", "--command"):
+            g.shell_text(args[i + 1].text)
+    return []
 
 
 def _w_watch(g: ShellGuard, args, stdin, env):
@@ -1123,7 +1121,7 @@ _WRAPPERS: dict[str, Callable] = {
     "uv": _w_run, "poetry": _w_run, "pipenv": _w_run, "pdm": _w_run, "hatch": _w_run,
     "conda": _w_run, "mamba": _w_run, "micromamba": _w_run,
     "watch": _w_watch, "flock": _w_flock,
-    "su": _w_dash_c(set()), "runuser": _w_dash_c(set()), "script": _w_dash_c(set()),
+    "su": _w_dash_c, "runuser": _w_dash_c, "script": _w_dash_c,
     "xargs": _w_xargs, "strace": _w_strace, "ltrace": _w_strace, "valgrind": _w_skip(set()),
 }
 
