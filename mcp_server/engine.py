@@ -585,8 +585,13 @@ def loop_status(root: Path | str) -> dict:
     try:
         b = eng.budget()
         s = eng.summary()
+        # Anything the agent did that moved the loop: finished experiments, verdicts, notes.
+        progress = eng.ledger.conn.execute(
+            "SELECT (SELECT COUNT(*) FROM experiments WHERE status != 'running') + "
+            "(SELECT COUNT(*) FROM experiments WHERE verdict IS NOT NULL) + (SELECT COUNT(*) FROM notes)").fetchone()[0]
         if b.should_stop:
-            return {"should_stop": True, "reason": "; ".join(b.reasons), "next_step": b.next_step}
+            return {"should_stop": True, "reason": "; ".join(b.reasons), "next_step": b.next_step,
+                    "progress": progress}
         if s.pending_retest:
             nxt = f"Experiment {s.pending_retest[-1]} awaits a confirm run: run_experiment(confirm_of={s.pending_retest[-1]})."
         elif s.pending_score:
@@ -595,7 +600,7 @@ def loop_status(root: Path | str) -> dict:
             left = "" if b.experiments_left is None else f" ({b.experiments_left} experiments left)"
             nxt = (f"Budget remains{left}. Do not stop and do not ask whether to continue: pick the next idea "
                    "(suggest_next helps), edit train.py, call run_experiment, then score.")
-        return {"should_stop": False, "reason": "budget remains", "next_step": nxt}
+        return {"should_stop": False, "reason": "budget remains", "next_step": nxt, "progress": progress}
     finally:
         eng.close()
 
