@@ -290,24 +290,33 @@ class Engine:
         self.ledger.update_experiment(eid, seed=seed)
         run_dir = self.ws.run_dir(eid)
         try:
+            ledger_before = self._ledger_digest(eid)
             tr = runner.run_training(self.ws, run_dir, seed, on_progress)
             fields = dict(training_seconds=tr.summary.get("training_seconds"), total_seconds=round(tr.wall_seconds, 3),
                           memory_gb=_mem_gb(tr.summary), num_steps=_int(tr.summary.get("num_steps")),
                           num_params_m=tr.summary.get("num_params_M"), log_tail=tr.log_tail[-4000:])
             status, reason, ev = tr.status, tr.reason, None
-            if tr.status == "ok":
-                # train.py ran arbitrary code: check the frozen files again before trusting anything.
-                mism = integrity.check(self.ws, c["pinned_commit"])
-                if mism:
-                    actions = integrity.restore(self.ws, c["pinned_commit"], mism)
-                    self.ledger.add_event(c["id"], "tamper", {"files": [m.path for m in mism], "when": "during the run",
-                                                              "experiment_id": eid, "action": actions},
-                                          sinks=sinks_for(self.ws.cfg))
-                    status, reason = "rejected", f"train.py changed frozen files while running: {integrity.describe(mism)}"
-                else:
-                    ev = runner.run_evaluation(self.ws, c["pinned_commit"], run_dir, tr.model_path)
-                    if not ev.ok:
-                        status, reason = "rejected", f"the evaluator rejected the model: {ev.reason}"
+            # train.py ran arbitrary code (even if it then crashed): check what it must not touch.
+            problems = []
+            mism = integrity.check(self.ws, c["pinned_commit"])
+            if mism:
+                actions = integrity.restore(self.ws, c["pinned_commit"], mism)
+                self.ledger.add_event(c["id"], "tamper", {"files": [m.path for m in mism], "when": "during the run",
+                                                          "experiment_id": eid, "action": actions},
+                                      sinks=sinks_for(self.ws.cfg))
+                problems.append(f"train.py changed frozen files while running: {integrity.describe(mism)}")
+            if self._ledger_digest(eid) != ledger_before:
+                self.ledger.add_event(c["id"], "tamper", {"files": [self.ws.db_path.name], "when": "during the run",
+                                                          "experiment_id": eid, "action": ["the run was rejected"]},
+                                      sinks=sinks_for(self.ws.cfg))
+                problems.append("the ledger's recorded experiments changed while train.py ran; train.py must not "
+                                "touch .loopwright/")
+            if problems:
+                status, reason = "rejected", "; ".join(problems)
+            elif tr.status == "ok":
+                ev = runner.run_evaluation(self.ws, c["pinned_commit"], run_dir, tr.model_path)
+                if not ev.ok:
+                    status, reason = "rejected", f"the evaluator rejected the model: {ev.reason}"
             # What the loop itself costs per experiment, apart from the two child processes.
             timing = {"train_wall_s": round(tr.wall_seconds, 3), "eval_wall_s": round(ev.wall_seconds, 3) if ev else 0.0,
                       "harness_s": round(time.monotonic() - t_start - tr.wall_seconds - (ev.wall_seconds if ev else 0.0), 3)}
@@ -327,6 +336,19 @@ class Engine:
         if status != "ok" and not is_baseline:
             self._after_failure(c, row, confirm_of)
         return self._result(c, row)
+
+    def _ledger_digest(self, running_id: int) -> str:
+        """A digest of what train.py must not be able to rewrite while it runs (nothing else writes these
+        rows during a run: the experiment lock is held)."""
+        h = hashlib.sha256()
+        for row in self.ledger.conn.execute(
+                "SELECT id, status, verdict, is_baseline, val_bpb, test_bpb, seed, commit_sha, confirm_of "
+                "FROM experiments WHERE id != ? ORDER BY id", (running_id,)):
+            h.update(repr(tuple(row)).encode())
+        for row in self.ledger.conn.execute("SELECT id, pinned_commit, best_commit, best_experiment_id, status "
+                                            "FROM campaigns ORDER BY id"):
+            h.update(repr(tuple(row)).encode())
+        return h.hexdigest()
 
     def _after_failure(self, c: dict, row: dict, confirm_of: Optional[int]) -> None:
         """A failed run is discarded at once and the tree goes back to the best commit."""

@@ -164,6 +164,42 @@ def blob_bytes(root: Path, commit: str, path: str) -> bytes:
     return blob.data_stream.read()
 
 
+def _verified_object(r: git.Repo, hexsha: str, kind: bytes) -> bytes:
+    """Read an object and check that its content really hashes to its name.
+
+    git does not re-hash objects on read, so an overwritten object file would otherwise be
+    served under the old name; re-hashing makes the pinned commit a real root of trust."""
+    stream = r.odb.stream(bytes.fromhex(hexsha))
+    data = stream.read()
+    if stream.type != kind or hashlib.sha1(kind + b" %d\0" % len(data) + data).hexdigest() != hexsha:
+        raise GitError(f"git object {hexsha[:10]} ({kind.decode()}) is corrupted or was tampered with")
+    return data
+
+
+def verified_blob_bytes(root: Path, commit: str, path: str) -> bytes:
+    """Like blob_bytes, but every object from the commit down to the blob is re-hashed."""
+    r = repo(root)
+    sha = r.commit(commit).hexsha
+    body = _verified_object(r, sha, b"commit")
+    tree = body.split(b"\n", 1)[0].split(b" ", 1)[1].decode()
+    parts = path.split("/")
+    for i, name in enumerate(parts):
+        data = _verified_object(r, tree, b"tree")
+        entry = None
+        pos = 0
+        while pos < len(data):
+            space = data.index(b" ", pos)
+            nul = data.index(b"\0", space)
+            if data[space + 1:nul].decode() == name:
+                entry = data[nul + 1:nul + 21].hex()
+                break
+            pos = nul + 21
+        if entry is None:
+            raise GitError(f"{path} is not in commit {sha[:10]}")
+        tree = entry
+    return _verified_object(r, tree, b"blob")
+
+
 def tracked_files(root: Path, commit: str) -> list[str]:
     return [b.path for b in repo(root).commit(commit).tree.traverse() if b.type == "blob"]
 

@@ -26,7 +26,7 @@ from .workspace import LOCK_NAME, Workspace, prepare_data
 @dataclass(frozen=True)
 class Mismatch:
     path: str
-    kind: str          # "file" | "missing" | "config" | "data"
+    kind: str          # "file" | "missing" | "config" | "data" | "git"
     detail: str
 
 
@@ -47,7 +47,7 @@ def _cached_sha(path: Path) -> str:
 
 
 def pinned_lock(ws: Workspace, pinned: str) -> dict:
-    return json.loads(gitops.blob_bytes(ws.root, pinned, LOCK_NAME))
+    return json.loads(gitops.verified_blob_bytes(ws.root, pinned, LOCK_NAME))
 
 
 def frozen_tracked(ws: Workspace, pinned: str) -> list[str]:
@@ -57,12 +57,21 @@ def frozen_tracked(ws: Workspace, pinned: str) -> list[str]:
 
 
 def check(ws: Workspace, pinned: str) -> list[Mismatch]:
+    try:
+        return _check(ws, pinned)
+    except gitops.GitError as e:
+        # The pinned commit itself cannot be trusted: nothing can be restored from it.
+        return [Mismatch(".git", "git", f"{e}; the workspace history was tampered with - inspect it with "
+                                        "`git fsck` and start a new workspace with `loopwright init`")]
+
+
+def _check(ws: Workspace, pinned: str) -> list[Mismatch]:
     out: list[Mismatch] = []
     for rel in frozen_tracked(ws, pinned):
         path = ws.root / rel
         if not path.is_file():
             out.append(Mismatch(rel, "missing", "frozen file is missing"))
-        elif path.read_bytes() != gitops.blob_bytes(ws.root, pinned, rel):
+        elif path.read_bytes() != gitops.verified_blob_bytes(ws.root, pinned, rel):
             out.append(Mismatch(rel, "file", "differs from the pinned commit"))
 
     lock = pinned_lock(ws, pinned)
@@ -96,7 +105,7 @@ def restore(ws: Workspace, pinned: str, mismatches: list[Mismatch]) -> list[str]
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.is_symlink():
             path.unlink()
-        path.write_bytes(gitops.blob_bytes(ws.root, pinned, m.path))
+        path.write_bytes(gitops.verified_blob_bytes(ws.root, pinned, m.path))
         done.append(f"restored {m.path} from the pinned commit")
     if any(m.kind == "data" for m in mismatches):
         done.append(_rebuild_data(ws, pinned))

@@ -208,8 +208,8 @@ def run_evaluation(ws: Workspace, pinned: str, run_dir: Path, model_path: Path,
     eval_dir = run_dir / "eval"
     eval_dir.mkdir(parents=True, exist_ok=True)
     prepare = eval_dir / "prepare.py"
-    prepare.write_bytes(gitops.blob_bytes(ws.root, pinned, "prepare.py"))
-    (eval_dir / "loopwright.toml").write_bytes(gitops.blob_bytes(ws.root, pinned, "loopwright.toml"))
+    prepare.write_bytes(gitops.verified_blob_bytes(ws.root, pinned, "prepare.py"))
+    (eval_dir / "loopwright.toml").write_bytes(gitops.verified_blob_bytes(ws.root, pinned, "loopwright.toml"))
     argv = [str(prepare), "evaluate", str(model_path), "--data-dir", str(ws.data_dir)]
     code = _BOOTSTRAP.format(paths=_import_paths(), argv=argv)
     t0 = time.monotonic()
