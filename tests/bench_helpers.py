@@ -87,3 +87,32 @@ def parse_summary(stdout: str) -> dict[str, str]:
         key, _, value = line.partition(":")
         out[key.strip()] = value.strip()
     return out
+
+
+def booby_trap_pt2(src: Path, dst: Path, marker: Path, where: str) -> None:
+    """Copy an exported .pt2, planting a pickle that creates `marker` when unpickled:
+    as the sample inputs (torch retries those with weights_only=False) or as a
+    weight flagged use_pickle (torch loads those with weights_only=False)."""
+    import pickle
+    import zipfile
+
+    class Trap:
+        def __reduce__(self):
+            return open, (str(marker), "w")
+
+    payload = pickle.dumps(Trap(), protocol=2)
+    with zipfile.ZipFile(src) as zin:
+        files = {info.filename: zin.read(info.filename) for info in zin.infolist()}
+    if where == "sample_inputs":
+        name = next(n for n in files if n.endswith("sample_inputs/model.pt"))
+        files[name] = payload
+    else:
+        cfg_name = next(n for n in files if n.endswith("model_weights_config.json"))
+        cfg = json.loads(files[cfg_name])
+        first = cfg["config"][sorted(cfg["config"])[0]]
+        first["use_pickle"] = True
+        files[cfg_name] = json.dumps(cfg).encode()
+        files[next(n for n in files if n.endswith("weights/" + first["path_name"]))] = payload
+    with zipfile.ZipFile(dst, "w") as zout:
+        for name, data in files.items():
+            zout.writestr(name, data)

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from bench_helpers import BENCH, bench_dir, evaluate, load_prepare, run_cli, text_corpus
+from bench_helpers import BENCH, bench_dir, booby_trap_pt2, evaluate, load_prepare, run_cli, text_corpus
 
 V = 256
 
@@ -226,6 +226,22 @@ def test_nan_wrong_shape_stateful_and_missing_models_are_rejected(ws, prep, tmp_
         prep.evaluate_exported(str(tmp_path / "state.pt2"), data)
     with pytest.raises(prep.EvalError, match="export_model"):
         prep.evaluate_exported(str(tmp_path / "missing.pt2"), data)
+
+
+@pytest.mark.parametrize("where", ["sample_inputs", "weight"])
+def test_pickle_payloads_in_the_archive_never_run(ws, prep, tmp_path, where):
+    """torch.export.load would unpickle some payloads with weights_only=False; a
+    crafted archive must be refused without running its code."""
+    good = export(prep, Bigram(), tmp_path / "good.pt2")
+    marker = tmp_path / "pwned"
+    booby_trap_pt2(good, tmp_path / "trap.pt2", marker, where)
+    if where == "weight":  # the in-process path is enough for the second variant
+        with pytest.raises(prep.EvalError, match="pickled Python objects"):
+            prep.evaluate_exported(str(tmp_path / "trap.pt2"))
+    else:
+        code, res, _ = evaluate(ws, tmp_path / "trap.pt2")
+        assert code == 1 and res["ok"] is False and "pickled Python objects" in res["reason"]
+    assert not marker.exists()
 
 
 # --------------------------------------------------------------------------- pinned data

@@ -35,6 +35,7 @@ shadow a library either. A causality probe (random cut points from
 os.urandom) rejects models whose logits depend on future tokens, also across
 rows of the batch.
 """
+import contextlib
 import hashlib
 import json
 import math
@@ -585,6 +586,31 @@ def causality_probe(forward_fn, tokens, vocab):
                                         "reads future tokens")
 
 
+@contextlib.contextmanager
+def _pickle_free():
+    """While loading a .pt2, allow only torch's restricted weights-only unpickler.
+    torch.export.load falls back to full pickle for some payloads (torch.load
+    with weights_only=False, pickle.loads): a crafted archive could otherwise
+    run code in the evaluator and print its own verdict."""
+    import pickle
+
+    def refuse(*args, **kwargs):
+        raise EvalError("the archive holds pickled Python objects; only tensors and the graph are allowed")
+
+    real_load = torch.load
+
+    def weights_only_load(f, *args, **kwargs):
+        kwargs["weights_only"] = True
+        return real_load(f, *args, **kwargs)
+
+    saved = torch.load, pickle.loads, pickle.load, torch._C._pickle_load_obj
+    torch.load, pickle.loads, pickle.load, torch._C._pickle_load_obj = weights_only_load, refuse, refuse, refuse
+    try:
+        yield
+    finally:
+        torch.load, pickle.loads, pickle.load, torch._C._pickle_load_obj = saved
+
+
 def evaluate_exported(model_path, data_dir=None):
     """Score an exported graph: the evaluate CLI's work, as a dict."""
     import time
@@ -594,9 +620,13 @@ def evaluate_exported(model_path, data_dir=None):
     if not os.path.isfile(model_path):
         raise EvalError(f"{model_path} not found; train.py must call prepare.export_model(model)")
     try:
-        ep = torch.export.load(model_path)
+        with _pickle_free():
+            ep = torch.export.load(model_path)
     except Exception as e:
-        raise EvalError(f"cannot load the exported model {model_path}: {type(e).__name__}: {e}") from None
+        if isinstance(e, EvalError) or type(e).__name__ == "UnpicklingError":
+            raise EvalError(f"{model_path} holds pickled Python objects; only tensors and the graph are allowed "
+                            "(save the model with prepare.export_model)") from None
+        raise EvalError(f"cannot load the exported model {model_path}: {type(e).__name__}: {str(e)[:300]}") from None
     module = ep.module()
     token_bytes = _token_bytes(meta, data_dir)
     vocab = meta["vocab_size"]
