@@ -244,6 +244,20 @@ def test_pickle_payloads_in_the_archive_never_run(ws, prep, tmp_path, where):
     assert not marker.exists()
 
 
+def test_graph_audit_refuses_file_reading_ops(prep):
+    """torch.export cannot trace aten.from_file, but a hand-edited archive could hold it
+    (e.g. to read val.bin at evaluation time)."""
+    x = torch.zeros(prep.B_EVAL, prep.SEQ_LEN, dtype=torch.long)
+    ep = torch.export.export(Zeros(), (x,))
+    prep._audit_graph(ep)  # a plain graph passes
+    graph = ep.graph_module.graph
+    out = next(n for n in graph.nodes if n.op == "output")
+    with graph.inserting_before(out):
+        graph.call_function(torch.ops.aten.from_file.default, ("val.bin",))
+    with pytest.raises(prep.EvalError, match="reads files"):
+        prep._audit_graph(ep)
+
+
 # --------------------------------------------------------------------------- pinned data
 
 def test_changed_data_is_refused(ws, tmp_path):

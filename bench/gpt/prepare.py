@@ -611,6 +611,31 @@ def _pickle_free():
         torch.load, pickle.loads, pickle.load, torch._C._pickle_load_obj = saved
 
 
+FORBIDDEN_OPS = ("from_file",)  # aten ops that read files: a graph could read the split it is scored on
+
+
+def _audit_graph(ep):
+    """Only torch operators (and getitem on their results) may run; none that reads files.
+    torch.export never emits such nodes, but a hand-edited archive could."""
+    import operator
+    for node in ep.graph_module.graph.nodes:
+        if node.op == "call_function":
+            target = node.target
+            if target is operator.getitem:
+                continue
+            if not isinstance(target, (torch._ops.OpOverload, torch._ops.HigherOrderOperator)):
+                raise EvalError(f"the graph calls {target!r}, which is not a torch operator")
+            if any(bad in str(target) for bad in FORBIDDEN_OPS):
+                raise EvalError(f"the graph calls {target}, which reads files; not allowed")
+        elif node.op in ("call_module", "call_method"):
+            raise EvalError(f"the graph has a {node.op} node ({node.target}); export with prepare.export_model")
+    for name, module in ep.graph_module.named_modules():
+        if name and hasattr(module, "graph"):  # subgraphs of higher-order ops (cond, map, ...)
+            for node in module.graph.nodes:
+                if node.op == "call_function" and any(bad in str(node.target) for bad in FORBIDDEN_OPS):
+                    raise EvalError(f"the graph calls {node.target}, which reads files; not allowed")
+
+
 def evaluate_exported(model_path, data_dir=None):
     """Score an exported graph: the evaluate CLI's work, as a dict."""
     import time
@@ -627,6 +652,7 @@ def evaluate_exported(model_path, data_dir=None):
             raise EvalError(f"{model_path} holds pickled Python objects; only tensors and the graph are allowed "
                             "(save the model with prepare.export_model)") from None
         raise EvalError(f"cannot load the exported model {model_path}: {type(e).__name__}: {str(e)[:300]}") from None
+    _audit_graph(ep)
     module = ep.module()
     token_bytes = _token_bytes(meta, data_dir)
     vocab = meta["vocab_size"]
