@@ -59,8 +59,7 @@ def cmd_status(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    eng = _engine(args)
-    try:
+    with _engine(args) as eng:
         s, b = eng.summary(), eng.budget()
         rows = eng.ledger.experiments(eng.campaign["id"], limit=args.limit, newest_first=True)
         if args.json:
@@ -88,19 +87,14 @@ def cmd_status(args) -> int:
                       if colour else (r["verdict"] or ""), val, (r["commit_sha"] or "")[:8])
         con.print(t)
         return 0
-    finally:
-        eng.close()
 
 
 @command("export-tsv")
 def cmd_export_tsv(args) -> int:
     from .tsv import export_tsv
 
-    eng = _engine(args)
-    try:
+    with _engine(args) as eng:
         text = export_tsv(eng.ledger, eng.campaign["id"])
-    finally:
-        eng.close()
     if args.output == "-":
         sys.stdout.write(text)
     else:
@@ -111,59 +105,44 @@ def cmd_export_tsv(args) -> int:
 
 @command("budget")
 def cmd_budget(args) -> int:
-    eng = _engine(args)
-    try:
+    with _engine(args) as eng:
         print(eng.budget().model_dump_json(indent=2))
-    finally:
-        eng.close()
     return 0
 
 
 @command("stop")
 def cmd_stop(args) -> int:
-    eng = _engine(args)
-    try:
+    with _engine(args) as eng:
         if args.clear:
             eng.ledger.conn.execute("DELETE FROM kv WHERE key='stop_requested'")
             print("stop request cleared")
         else:
             eng.ledger.kv_set("stop_requested", args.reason)
             print(f"stop requested: {args.reason} (clear with `loopwright stop --clear`)")
-    finally:
-        eng.close()
     return 0
 
 
 @command("run-experiment")
 def cmd_run_experiment(args) -> int:
-    eng = _engine(args)
-    try:
+    with _engine(args) as eng:
         res = eng.run_experiment(args.description, args.hypothesis, args.confirm_of,
                                  on_progress=lambda s, l, e, r: print(f"step {s} loss {l:.4f} {r:.0f}s left",
                                                                       file=sys.stderr))
         print(res.model_dump_json(indent=2))
-    finally:
-        eng.close()
     return 0
 
 
 @command("score")
 def cmd_score(args) -> int:
-    eng = _engine(args)
-    try:
+    with _engine(args) as eng:
         print(eng.score(args.experiment_id).model_dump_json(indent=2))
-    finally:
-        eng.close()
     return 0
 
 
 @command("revert")
 def cmd_revert(args) -> int:
-    eng = _engine(args)
-    try:
+    with _engine(args) as eng:
         print(eng.revert(args.to).model_dump_json(indent=2))
-    finally:
-        eng.close()
     return 0
 
 

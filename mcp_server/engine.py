@@ -47,6 +47,12 @@ class Engine:
     def close(self) -> None:
         self.ledger.close()
 
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def _notify_soon(self) -> None:
         """Deliver new events to Slack / Jira in the background; the outbox retries whatever fails."""
         if not sinks_for(self.ws.cfg):

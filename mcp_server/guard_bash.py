@@ -903,6 +903,9 @@ class ShellGuard:
             self.script(code[0].text, "python", "python -c")
             return
         if _has(opts, "-m"):
+            module = _vals(opts, "-m")
+            if module and module[0].text.split(".")[0] == "mcp_server":
+                _loopwright_cli(module[0].text, pos)
             return
         if not pos or pos[0].text == "-":
             self.code_on_stdin(stdin, "python", "python")
@@ -1330,6 +1333,37 @@ def _perl_like(lang: str):
     return handler
 
 
+# The loopwright CLI is the human's: the agent works through the MCP tools. These read-only
+# commands show nothing hidden (no test split scores), so they stay allowed.
+_AGENT_CLI = {"status", "budget", "doctor", "--help", "-h", "--version"}
+
+
+def _loopwright_cli(module: str, rest: list):
+    if module not in ("mcp_server.cli", "mcp_server"):
+        if module == "mcp_server.guard":
+            return
+        raise Denied(f"python -m {module} runs loopwright internals; use the loopwright MCP tools instead")
+    words, texts = [], [a.text for a in rest]
+    i = 0
+    while i < len(texts):
+        t = texts[i]
+        if t in ("-w", "--workspace"):
+            i += 2                      # an option with a value
+            continue
+        if not t.startswith("-") or t in _AGENT_CLI:
+            words.append(t)
+        i += 1
+    sub = words[0] if words else "--help"
+    if sub not in _AGENT_CLI:
+        raise Denied(f"`loopwright {sub}` is for the person running the loop (it can reveal the hidden test "
+                     "split or change the campaign). Use the MCP tools: state_read, run_experiment, score, "
+                     "revert, budget_check, note, suggest_next.")
+
+
+def _h_loopwright(g: ShellGuard, args, stdin, env):
+    _loopwright_cli("mcp_server.cli", args[1:])
+
+
 def _h_python(g: ShellGuard, args, stdin, env):
     g._python(args, stdin)
 
@@ -1694,6 +1728,7 @@ def _h_second_positional(g: ShellGuard, args, stdin, env):
 
 
 _HANDLERS: dict[str, Callable] = {
+    "loopwright": _h_loopwright,
     "cd": _h_cd, "pushd": _h_cd, "export": _h_export, "declare": _h_export, "typeset": _h_export,
     "local": _h_export, "readonly": _h_export,
     "rm": _h_delete, "unlink": _h_delete, "rmdir": _h_delete, "shred": _h_delete, "srm": _h_delete,

@@ -77,3 +77,12 @@ def make_workspace(tmp: Path, corpus: Path, tag: str = "t", bench_dir: Path | No
     for section, values in overrides.items():
         cfg.setdefault(section, {}).update(values)
     return init_workspace(tmp, tag=tag, corpus=str(corpus), overrides=cfg, bench_dir=bench_dir)
+
+
+def alive(pid: int) -> bool:
+    """Running (a killed orphan may linger as a zombie until init reaps it)."""
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_workspace
+from conftest import alive as _alive, make_workspace
 from mcp_server import gitops
 from mcp_server.engine import Engine, LoopError
 
@@ -155,14 +155,6 @@ def test_overrunning_the_budget_is_killed_with_its_children(tmp_path, small_corp
     while time.time() < deadline and _alive(child):
         time.sleep(0.1)
     assert not _alive(child), "a child of train.py survived the hard kill"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state not in ("Z", "X")
 
 
 def _loose_object_path(root: Path, sha: str) -> Path:

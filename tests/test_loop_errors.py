@@ -13,7 +13,7 @@ import pytest
 from mcp import Client
 from mcp.types import LATEST_PROTOCOL_VERSION
 
-from conftest import make_workspace, set_constant
+from conftest import alive as _alive, make_workspace, set_constant
 from mcp_server import gitops
 from mcp_server.engine import Engine
 from mcp_server.server import build_server
@@ -155,15 +155,6 @@ async def test_seed_only_and_exact_repeat_are_refused(ws):
     (ws.root / "train.py").write_text(src)
     with pytest.raises(Exception, match="identical to the best"):
         eng.run_experiment("nothing changed")
-
-
-def _alive(pid: int) -> bool:
-    """Running (a killed orphan may linger as a zombie until init reaps it)."""
-    try:
-        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state not in ("Z", "X")
 
 
 def _rpc(proc, msg):
