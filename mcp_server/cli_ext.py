@@ -66,6 +66,45 @@ def register(sub, ws_arg, command) -> None:
             return 0
         return cron.serve_forever(root)
 
+    sp = ws_arg(sub.add_parser("launch", help="run one headless claude / codex / builtin session, recorded in the "
+                                              "ledger (budget caps, wall-clock limit)"))
+    sp.add_argument("--agent", required=True, choices=["claude", "codex", "builtin"])
+    sp.add_argument("--max-minutes", type=float, default=None,
+                    help="wall-clock limit; the session's process group is killed after it (default 120)")
+    sp.add_argument("--prompt", default=None, help="instead of the default unattended-loop prompt")
+
+    @command("launch")
+    def cmd_launch(args) -> int:
+        import signal
+
+        from .launch import LaunchError, launch_session, session_report
+        from .triggers.common import SESSION_LOCK, SessionLock
+        from .workspace import Workspace
+
+        ws = Workspace.find(args.workspace)
+        held = SessionLock(ws.state_dir / SESSION_LOCK).try_acquire()
+        if held is None:
+            print(f"loopwright launch: another session is running in {ws.root} (cron, webhook or launch holds "
+                  f"{ws.state_dir / SESSION_LOCK}); try again when it ends", file=sys.stderr)
+            return 2
+
+        def on_term(*_):   # the session is killed and recorded, then the launcher exits
+            raise SystemExit(143)
+
+        previous = signal.signal(signal.SIGTERM, on_term)
+        try:
+            with held:
+                sid = launch_session(ws.root, agent=args.agent, trigger="manual", max_session_minutes=args.max_minutes,
+                                     prompt=args.prompt)
+        except LaunchError as e:
+            print(f"loopwright launch: {e}", file=sys.stderr)
+            return 2
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        line, exit_code = session_report(ws.root, sid)
+        print(line)
+        return 0 if exit_code == 0 else 1
+
     sp = ws_arg(sub.add_parser("webhook", help="receive GitHub / Slack / Jira / signed webhooks that start sessions"))
     sp.add_argument("--host", default=None, help="default: [webhook] host (127.0.0.1)")
     sp.add_argument("--port", type=int, default=None, help="default: [webhook] port")
