@@ -63,9 +63,13 @@ def test_invalid_expressions_are_rejected(tmp_path):
     for bad in ("61 * * * *", "* * *", "every day", "0 25 * * *"):
         with pytest.raises(ValidationError):
             ScheduleConfig(cron=bad)
-    # croniter reads a 6th field as seconds: the config lets it through, the scheduler does not
+    # croniter reads a 6th field as seconds: the config refuses it, and so does the scheduler
+    # for a schedule built without validation
+    with pytest.raises(ValidationError, match="5-field"):
+        ScheduleConfig(cron="0 1 * * * *")
     with pytest.raises(ValueError, match="5 cron fields"):
-        make(tmp_path, ScheduleConfig(cron="0 1 * * * *"))
+        make(tmp_path, ScheduleConfig.model_construct(cron="0 1 * * * *", agent="claude", timezone="UTC",
+                                                      max_session_minutes=120, grace_minutes=60))
 
 
 def test_first_tick_initializes_then_fires_once_per_fire_time(tmp_path):
