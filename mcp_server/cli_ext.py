@@ -126,3 +126,89 @@ def register(sub, ws_arg, command) -> None:
 
         print(notify_workspace(Workspace.find(args.workspace).root))
         return 0
+
+    # -- the built-in agent, the demo and the report (proposer.py, demo.py, report.py) --------------
+    sp = ws_arg(sub.add_parser("run", help="run an agent session on the workspace (the built-in agent needs no "
+                                           "API key or network)"))
+    sp.add_argument("--agent", choices=["builtin"], default="builtin",
+                    help="builtin: the non-LLM proposer over MCP stdio (Claude Code / Codex sessions: see launch)")
+    sp.add_argument("-n", type=int, default=None, help="experiments to run in this session "
+                                                      "(default: until budget_check says stop)")
+    sp.add_argument("--time-budget", type=float, default=None, metavar="S",
+                    help="wall-clock seconds for this session: no experiment starts that would not finish in time "
+                         "(the per-experiment training budget is fixed by the workspace)")
+    sp.add_argument("--no-mechanisms", action="store_true", help="plain hill climb: do not consult suggest_next")
+    sp.add_argument("--seed", type=int, default=0, help="seed of the agent's own choices (reproducible runs)")
+
+    @command("run")
+    def cmd_run(args) -> int:
+        from rich.console import Console
+
+        from .demo import Display, ProgressState
+        from .proposer import AgentError, run_builtin
+        from .workspace import Workspace
+
+        if args.n is not None and args.n < 0:
+            print("loopwright run: -n must be >= 0", file=sys.stderr)
+            return 2
+        if args.time_budget is not None and args.time_budget <= 0:
+            print("loopwright run: --time-budget must be a positive number of seconds", file=sys.stderr)
+            return 2
+        ws = Workspace.find(args.workspace)
+        console = Console()
+        state = ProgressState(f"loopwright run · {ws.root.name} · built-in agent, seed {args.seed}", n=args.n)
+        if args.time_budget:
+            state.deadline = state.started + args.time_budget
+        try:
+            with Display(state, console) as display:
+                res = run_builtin(ws.root, n=args.n, wall_seconds=args.time_budget,
+                                  mechanisms=not args.no_mechanisms, seed=args.seed, observer=display)
+        except AgentError as e:
+            print(f"loopwright run: {e}", file=sys.stderr)
+            return 1
+        best = "—" if res.best is None else f"{res.best:.4f}"
+        base = "—" if res.baseline is None else f"{res.baseline:.4f}"
+        console.print(f"{len(res.attempts)} experiment(s), {res.kept} kept in {res.seconds:.0f} s; best {best} "
+                      f"(baseline {base}). Stopped: {res.stopped_because}. `loopwright report` writes the report.")
+        return 0
+
+    sp = sub.add_parser("demo", help="the main job in one command: a fresh workspace, a short built-in-agent "
+                                     "campaign shown live, and the report (no agent, API key or network needed)")
+    sp.add_argument("dir", nargs="?", default=None, help="workspace directory (default: a new temporary one)")
+    sp.add_argument("--time-budget", type=float, default=None, metavar="S",
+                    help="training seconds per experiment for the new workspace (default 20)")
+    sp.add_argument("-n", type=int, default=None, help="experiments after the baseline (default 8)")
+    sp.add_argument("--minutes", type=float, default=None,
+                    help="wall-clock cap: no experiment starts that would end after it (default 6)")
+    sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--no-mechanisms", action="store_true")
+
+    @command("demo")
+    def cmd_demo(args) -> int:
+        from . import demo
+
+        if args.time_budget is not None and args.time_budget <= 0:
+            print("loopwright demo: --time-budget must be a positive number of seconds", file=sys.stderr)
+            return 2
+        if args.n is not None and args.n < 1:
+            print("loopwright demo: -n must be at least 1", file=sys.stderr)
+            return 2
+        if args.minutes is not None and args.minutes <= 0:
+            print("loopwright demo: --minutes must be positive", file=sys.stderr)
+            return 2
+        demo.run_demo(args.dir, time_budget=args.time_budget or demo.DEMO_TIME_BUDGET,
+                      n=args.n or demo.DEMO_EXPERIMENTS, seed=args.seed, minutes=args.minutes or demo.DEMO_MINUTES,
+                      mechanisms=not args.no_mechanisms)
+        return 0
+
+    ws_arg(sub.add_parser("report", help="write progress.png, report.md and results.tsv to .loopwright/reports/"))
+
+    @command("report")
+    def cmd_report(args) -> int:
+        from .report import write_report
+
+        files = write_report(args.workspace)
+        print(f"{files.data.title}")
+        for p in (files.markdown, files.plot.path, files.tsv):
+            print(p)
+        return 0

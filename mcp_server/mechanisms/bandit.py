@@ -5,7 +5,8 @@ read from the ledger, is 1 for a keep and, short of a keep, a share of 0.5 that
 grows with the measured gain in units of the noise (a near miss still says the
 direction is alive); crashes and losses earn 0. UCB1 then prefers the category
 with the best mean reward plus an exploration bonus, trying every arm once
-first. Deterministic: ties go to the fixed category order.
+first (with half the textbook exploration bonus: campaigns are short).
+Deterministic: ties go to the fixed category order.
 """
 from __future__ import annotations
 
@@ -39,7 +40,9 @@ class Bandit:
     name = "bandit"
     priority = 1
 
-    def __init__(self, c: float = 1.0):
+    def __init__(self, c: float = 0.5):
+        # Half of UCB1's textbook exploration: a campaign is tens of experiments, not thousands, and
+        # with c = 1 the bonus of a once-tried arm outweighs a category that keeps paying for ~20 pulls.
         self.c = c
 
     def stats(self, history: History, source: str) -> list[ArmStat]:

@@ -1,0 +1,227 @@
+"""`loopwright demo` and the progress display of `loopwright run`.
+
+The demo is the main job with nothing else installed: it creates a workspace
+(a temporary directory unless one is given), lets the built-in agent run a
+short campaign against the MCP server over stdio, shows it live, and writes the
+report. Its defaults are sized to finish within about six minutes on a 2-core
+CPU: 20 s of training per experiment, a small evaluation (8192 tokens), two
+baseline seeds, up to eight experiments, and a wall-clock deadline after which
+no new experiment starts.
+"""
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+DEMO_TIME_BUDGET = 20.0    # training seconds per experiment
+DEMO_EVAL_TOKENS = 8192
+DEMO_BASELINE_SEEDS = 2
+DEMO_EXPERIMENTS = 8
+DEMO_MINUTES = 6.0
+REPORT_RESERVE_S = 10.0    # the report and shutdown, kept out of the experiments' time
+
+_VERDICT_STYLE = {"keep": "bold green", "discard": "grey58", "retest": "yellow", "crash": "bold red",
+                  "timeout": "bold red", "rejected": "bold red"}
+
+
+@dataclass
+class _Row:
+    number: Any
+    description: str
+    val_bpb: Optional[float] = None
+    delta: Optional[float] = None
+    verdict: str = "running"
+    seconds: Optional[float] = None
+
+
+@dataclass
+class ProgressState:
+    """What the display shows, updated from the agent's events."""
+    title: str
+    started: float = field(default_factory=time.monotonic)
+    deadline: Optional[float] = None
+    n: Optional[int] = None
+    phase: str = "starting"
+    current: str = ""
+    step: Optional[int] = None
+    loss: Optional[float] = None
+    remaining: Optional[float] = None
+    baseline: Optional[float] = None
+    sigma: Optional[float] = None
+    threshold: Optional[float] = None
+    best: Optional[float] = None
+    kept: int = 0
+    rows: list[_Row] = field(default_factory=list)
+    messages: list[str] = field(default_factory=list)
+    stopped: Optional[str] = None
+
+    def on_event(self, kind: str, d: dict) -> Optional[str]:
+        """Update from one agent event; returns a one-line log message for plain output."""
+        if kind == "start":
+            s = d["summary"]
+            self.baseline, self.best, self.kept = s["baseline_val_bpb"], s["best_val_bpb"], s["kept"]
+            return (f"campaign {s['tag']}: {s['experiments']} experiments so far, best "
+                    f"{_num(s['best_val_bpb'])}; mechanisms {'on' if d['mechanisms'] else 'off'}")
+        if kind == "experiment_start":
+            self.phase = ("baseline" if d["category"] == "baseline" else "confirm run" if d["number"] is None
+                          else f"experiment {d['number']}" + (f"/{self.n}" if self.n else ""))
+            self.current, self.step, self.loss, self.remaining = d["description"], None, None, None
+            if d["number"]:
+                self.rows.append(_Row(d["number"], d["description"]))
+            return f"{self.phase}: {d['description']}"
+        if kind == "progress":
+            self.step, self.loss, self.remaining = d["step"], d["loss"], d["remaining"]
+            return None
+        if kind == "baseline":
+            b = d["result"].get("baseline") or {}
+            self.baseline, self.best = b.get("mean", d["result"].get("val_bpb")), b.get("mean")
+            self.sigma, self.threshold = b.get("sigma"), b.get("keep_threshold")
+            return (f"baseline {_num(self.baseline)} ± {_num(self.sigma)} on {len(b.get('samples') or [])} seeds; "
+                    f"a keep needs a gain of {_num(self.threshold)} ({d['seconds']:.0f} s)")
+        if kind == "verdict":
+            sc = d["score"]
+            if sc["verdict"] == "keep":
+                self.kept += 1
+            self.best = sc["best_val_bpb"]
+            return f"  score: {sc['verdict']} (gain {sc['gain']:+.4f}, threshold {sc['threshold']:.4f})"
+        if kind == "experiment_end":
+            a, res = d["attempt"], d["result"]
+            row = next((r for r in reversed(self.rows) if r.number == a.number), None)
+            if row is not None:
+                row.val_bpb, row.seconds = a.val_bpb, a.seconds
+                row.verdict = a.verdict if a.status == "ok" else a.status
+                row.delta = res.get("delta_vs_best")
+            warn = f" [{a.warnings[0][:80]}]" if a.warnings else ""
+            return (f"  {a.description}: {a.status}, val_bpb {_num(a.val_bpb)}, {row.verdict if row else a.verdict} "
+                    f"in {a.seconds:.0f} s{warn}")
+        if kind == "skip":
+            self.messages.append(f"skipped {d['description']}: {d['reason'][:90]}")
+            return f"  skipped {d['description']}: {d['reason'][:120]}"
+        if kind == "error":
+            self.messages.append(d["message"][:120])
+            return f"  error: {d['message'][:300]}"
+        if kind == "stop":
+            self.stopped, self.phase, self.current = d["reason"], "stopped", ""
+            return f"stopped: {d['reason']}"
+        return None
+
+    # -- rendering --------------------------------------------------------------
+    def render(self) -> Group:
+        now = time.monotonic()
+        elapsed = now - self.started
+        left = "" if self.deadline is None else f"   time left {max(0.0, self.deadline - now):4.0f} s"
+        head = Text.assemble((self.title, "bold"), f"   elapsed {elapsed:4.0f} s{left}")
+        cur = Text.assemble((f"{self.phase}", "cyan"), f"  {self.current}")
+        if self.step is not None:
+            cur.append(f"   step {self.step}  loss {self.loss:.4f}  {self.remaining or 0:.0f} s of training left")
+        best = Text("best so far: ")
+        if self.baseline is None:
+            best.append("measuring the baseline…", "italic")
+        else:
+            gain = (self.baseline - self.best) if self.best is not None else 0.0
+            best.append(f"{_num(self.best)}", "bold green")
+            best.append(f"   baseline {_num(self.baseline)}" + (f" ± {self.sigma:.4f}" if self.sigma else "")
+                        + f"   gain {gain:+.4f}   kept {self.kept}")
+        table = Table(expand=True, show_edge=False, pad_edge=False)
+        for col, kw in (("#", {"justify": "right", "width": 3}), ("experiment", {"ratio": 1}),
+                        ("val_bpb", {"justify": "right"}), ("Δ vs best", {"justify": "right"}),
+                        ("verdict", {}), ("s", {"justify": "right"})):
+            table.add_column(col, **kw)
+        for r in self.rows[-14:]:
+            table.add_row(str(r.number), r.description, _num(r.val_bpb),
+                          "" if r.delta is None else f"{r.delta:+.4f}",
+                          Text(r.verdict, _VERDICT_STYLE.get(r.verdict, "cyan")),
+                          "" if r.seconds is None else f"{r.seconds:.0f}")
+        parts: list[Any] = [head, cur, best, table]
+        if self.messages:
+            parts.append(Text(self.messages[-1], "grey50"))
+        return Group(Panel(Group(*parts), title="loopwright", border_style="green"))
+
+
+def _num(v: Optional[float]) -> str:
+    return "—" if v is None else f"{v:.4f}"
+
+
+class Display:
+    """rich Live on a terminal; one plain line per event elsewhere (logs, CI, pipes)."""
+
+    def __init__(self, state: ProgressState, console: Optional[Console] = None, live: Optional[bool] = None):
+        self.state = state
+        self.console = console or Console()
+        self.live_enabled = self.console.is_terminal if live is None else live
+        self._live: Optional[Live] = None
+
+    def __enter__(self) -> "Display":
+        if self.live_enabled:
+            self._live = Live(get_renderable=self.state.render, console=self.console, refresh_per_second=4)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._live is not None:
+            self._live.__exit__(*exc)
+
+    def __call__(self, kind: str, data: dict) -> None:
+        line = self.state.on_event(kind, data)
+        if self._live is None and line:
+            self.console.print(line, highlight=False, markup=False)
+
+
+@dataclass
+class DemoResult:
+    workspace: Path
+    seconds: float
+    report_dir: Path
+    session: Any
+
+
+def demo_overrides(n: int) -> dict:
+    return {"benchmark": {"eval_tokens": DEMO_EVAL_TOKENS, "grace_seconds": 45.0},
+            "noise": {"baseline_seeds": DEMO_BASELINE_SEEDS},
+            # room for the baseline seeds and a confirm run per experiment, and no more
+            "budget": {"max_experiments": DEMO_BASELINE_SEEDS + 2 * n, "max_hours": 1.0}}
+
+
+def run_demo(directory: Optional[Path | str] = None, time_budget: float = DEMO_TIME_BUDGET,
+             n: int = DEMO_EXPERIMENTS, seed: int = 0, minutes: float = DEMO_MINUTES, mechanisms: bool = True,
+             console: Optional[Console] = None, live: Optional[bool] = None) -> DemoResult:
+    from .config import CONFIG_NAME
+    from .proposer import run_builtin
+    from .report import write_report
+    from .workspace import init_workspace
+
+    if n < 1:
+        raise ValueError("-n must be at least 1")
+    if minutes <= 0:
+        raise ValueError("--minutes must be positive")
+    console = console or Console()
+    t0 = time.monotonic()
+    deadline = t0 + minutes * 60 - REPORT_RESERVE_S
+    root = Path(directory).expanduser().resolve() if directory else Path(tempfile.mkdtemp(prefix="loopwright-demo-"))
+    if (root / CONFIG_NAME).is_file():
+        console.print(f"resuming the campaign in {root}")
+    else:
+        console.print(f"creating a workspace in {root} (preparing the data takes a few seconds)…")
+        init_workspace(root, tag="demo", corpus="stdlib", time_budget=time_budget, overrides=demo_overrides(n))
+    state = ProgressState(f"loopwright demo · {root.name} · built-in agent, seed {seed}", started=t0,
+                          deadline=deadline + REPORT_RESERVE_S, n=n)
+    with Display(state, console, live) as display:
+        session = run_builtin(root, n=n, mechanisms=mechanisms, seed=seed, observer=display, deadline=deadline)
+    files = write_report(root)
+    seconds = time.monotonic() - t0
+    d = files.data
+    console.print(f"\n[bold]{d.title}[/] in {seconds:.0f} s. Baseline {_num(d.baseline_mean)} ± {d.sigma:.4f}; "
+                  + (f"best {_num(d.best_val)} (gain {d.gain:+.4f})." if d.best else
+                     f"no change cleared the noise threshold ({d.threshold:.4f})."))
+    console.print(f"report: {files.markdown}\nchart:  {files.plot.path}\ntsv:    {files.tsv}")
+    console.print(f"workspace: {root}  (continue with `loopwright run --agent builtin --workspace {root}`)")
+    return DemoResult(root, seconds, files.directory, session)

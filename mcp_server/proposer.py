@@ -1,0 +1,635 @@
+"""The built-in agent: a non-LLM proposer that drives the MCP server over stdio.
+
+It is what `loopwright run --agent builtin` and `loopwright demo` run, so the
+main job works on a machine with no coding agent, no API key and no network.
+It talks to `loopwright serve` through the official MCP client exactly as
+Claude Code or Codex would: state_read -> edit train.py -> run_experiment ->
+score (confirm runs on 'retest') -> budget_check -> note, and, unless told not
+to, asks suggest_next where to look.
+
+The search is a hill climb over train.py's tunable constants (found with
+`ast`, see mechanisms/source.py): multiplicative steps for floats, +-1 or x2
+for integers, flips for booleans; a step that worked is repeated, a direction
+that failed is not tried again from the same point, and when both directions
+of a constant fail the step shrinks. Every random choice comes from one
+`random.Random(seed)`, so a session is reproducible given the same outcomes.
+"""
+from __future__ import annotations
+
+import ast
+import math
+import os
+import random
+import re
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional
+
+import anyio
+
+from .mechanisms.source import Constant, Value, all_constants, constant_values, tunable_constants
+
+# ---------------------------------------------------------------------------
+# Editing train.py: rewrite one literal on its line, nothing else.
+
+
+def format_value(value: Value) -> str:
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    if isinstance(value, int):
+        return str(value)
+    return repr(float(value))
+
+
+def set_constant(source: str, name: str, value: Value) -> str:
+    """`source` with the literal of top-level constant `name` replaced; comments and layout are kept."""
+    matches = [c for c in all_constants(source) if c.name == name]
+    if not matches:
+        raise ValueError(f"{name} is not a top-level int/float/bool constant of this file")
+    c = matches[-1]   # the last assignment is the one in force
+    if c.kind == "bool" and not isinstance(value, bool) or c.kind != "bool" and isinstance(value, bool):
+        raise ValueError(f"{name} is a {c.kind}; cannot set it to {value!r}")
+    lines = source.splitlines(keepends=True)
+    line = lines[c.line - 1]
+    literal, rest = format_value(value), line[c.end_col:]
+    pad = len(rest) - len(rest.lstrip(" "))
+    if rest.lstrip(" ").startswith("#") and pad:   # keep an aligned comment in its column
+        rest = " " * max(2 if pad >= 2 else 1, pad - (len(literal) - len(c.text))) + rest[pad:]
+    lines[c.line - 1] = line[:c.col] + literal + rest
+    out = "".join(lines)
+    got = {k.name: k.value for k in all_constants(out)}.get(name)
+    if got != value:   # the file must still parse and say exactly what we meant
+        raise ValueError(f"rewriting {name} did not produce {value!r} (read back {got!r})")
+    return out
+
+
+def divisibility_constraints(source: str) -> set[tuple[str, str]]:
+    """Pairs (A, B) of integer constants the file divides, so A % B == 0 must hold.
+
+    Found two ways: `A // B` or `A % B` written anywhere (code or comments, e.g. "head dim =
+    D_MODEL // N_HEAD"), and through calls: GPT(..., D_MODEL, ..., N_HEAD) where GPT's
+    __init__ computes `d // n_head` on those parameters.
+    """
+    ints = {c.name for c in all_constants(source) if c.kind == "int"}
+    pairs = {(a, b) for a, b in re.findall(r"\b([A-Z][A-Z0-9_]*)\s*(?://|%)\s*([A-Z][A-Z0-9_]*)\b", source)
+             if a in ints and b in ints}
+    tree = ast.parse(source)
+    divided: dict[str, tuple[list[str], set[tuple[str, str]]]] = {}
+    for node in tree.body:
+        fn = node
+        if isinstance(node, ast.ClassDef):
+            fn = next((b for b in node.body if isinstance(b, ast.FunctionDef) and b.name == "__init__"), None)
+        if not isinstance(fn, ast.FunctionDef):
+            continue
+        params = [a.arg for a in fn.args.args if a.arg not in ("self", "cls")]
+        divs = {(op.left.id, op.right.id) for op in ast.walk(fn) if isinstance(op, ast.BinOp)
+                and isinstance(op.op, (ast.FloorDiv, ast.Mod)) and isinstance(op.left, ast.Name)
+                and isinstance(op.right, ast.Name) and op.left.id in params and op.right.id in params}
+        if divs:
+            divided[node.name] = (params, divs)
+    for call in ast.walk(tree):
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in divided):
+            continue
+        params, divs = divided[call.func.id]
+        bound = {params[i]: a.id for i, a in enumerate(call.args[:len(params)]) if isinstance(a, ast.Name)}
+        bound.update({k.arg: k.value.id for k in call.keywords if k.arg and isinstance(k.value, ast.Name)})
+        for pa, pb in divs:
+            a, b = bound.get(pa), bound.get(pb)
+            if a in ints and b in ints:
+                pairs.add((a, b))
+    return pairs
+
+
+def satisfies(values: dict[str, Value], constraints: Iterable[tuple[str, str]]) -> bool:
+    for a, b in constraints:
+        va, vb = values.get(a), values.get(b)
+        if isinstance(va, int) and isinstance(vb, int) and (vb == 0 or va % vb != 0):
+            return False
+    return True
+
+
+# ---------------------------------------------------------------------------
+# Moves: the neighbours of a constant's value.
+
+_UNIT_RE = re.compile(r"(?:^|_)(?:BETA\d*|MOMENTUM|FRAC|FRACTION|DROPOUT|EMA|PROB|P)(?=_|$|\d)")
+MAX_DRIFT = 16.0     # never move a value more than x16 away from where the session found it
+FLOAT_STEP = 2.0
+MIN_FLOAT_STEP = 1.15
+
+
+def _round(x: float) -> float:
+    return float(f"{x:.3g}")
+
+
+def _unit_interval(c: Constant) -> bool:
+    return c.kind == "float" and 0.0 < c.value < 1.0 and bool(_UNIT_RE.search(c.name))
+
+
+def moves(c: Constant, step: float) -> dict[str, list[Value]]:
+    """direction -> candidate values, preferred first. Directions: up, down, off, flip."""
+    v = c.value
+    if c.kind == "bool":
+        return {"flip": [not v]}
+    out: dict[str, list[Value]] = {}
+    if c.kind == "float":
+        if v == 0:
+            out["up"] = [0.1]
+        elif _unit_interval(c):
+            if v >= 0.5:   # e.g. betas: step the distance to 1
+                q = 1.0 - v
+                out["up"] = [_round(1.0 - q / step)]
+                out["down"] = [_round(1.0 - q * step)] if q * step < 1.0 else [_round(v / step)]
+            else:          # e.g. fractions: stay inside (0, 1)
+                out["up"] = [_round(min(v * step, (1.0 + v) / 2))]
+                out["down"] = [_round(v / step)]
+        else:
+            out["up"], out["down"] = [_round(v * step)], [_round(v / step)]
+        if v != 0 and re.search(r"\b0\s*=\s*off\b", c.comment):
+            out["off"] = [0.0]
+    else:
+        if v == 0:
+            out["up"] = [1, 2]
+        elif abs(v) >= 8:
+            out["up"] = [int(round(v * step))]
+            out["down"] = [int(round(v / step))]
+        else:   # small integers: +-1 first, x2 / //2 when +-1 breaks a constraint
+            out["up"] = [v + 1, v * 2]
+            out["down"] = [v - 1, v // 2] if v > 0 else [v - 1]
+        if v > 0:   # a positive count stays positive
+            out = {d: [x for x in xs if x >= 1] for d, xs in out.items()}
+    out = {d: [x for x in dict.fromkeys(xs) if x != v] for d, xs in out.items()}
+    return {d: xs for d, xs in out.items() if xs}
+
+
+@dataclass(frozen=True)
+class Edit:
+    name: str
+    old: Value
+    new: Value
+    direction: str
+    category: str
+    source: str          # the whole new train.py
+    description: str
+    hypothesis: str
+
+
+@dataclass
+class ParamState:
+    step: float = FLOAT_STEP
+    failed: set[str] = field(default_factory=set)   # directions that failed from the current point
+    good: Optional[str] = None                      # the direction of this constant's last keep
+    tries: int = 0
+    exhausted: bool = False
+
+
+_WHY = {"up": "raising", "down": "lowering", "off": "switching off", "flip": "flipping"}
+
+
+class Planner:
+    """Hill-climb memory and move choice. Pure: no I/O, randomness only from the seed."""
+
+    def __init__(self, seed: int = 0):
+        self.rng = random.Random(seed)
+        self.params: dict[str, ParamState] = {}
+        self.tried: set[tuple] = set()
+        self.origin: dict[str, Value] = {}
+        self.momentum: Optional[tuple[str, str]] = None   # (name, direction) of the last keep
+
+    def _state(self, name: str) -> ParamState:
+        return self.params.setdefault(name, ParamState())
+
+    @staticmethod
+    def _key(source: str) -> tuple:
+        return tuple(sorted(constant_values(source).items()))
+
+    def propose(self, source: str, category: Optional[str] = None,
+                preferred: Iterable[str] = ()) -> Optional[Edit]:
+        """The next edit of `source` (the best train.py), or None when nothing untried is left.
+
+        Order of preference: repeat the last successful step; the constants a mechanism
+        suggested (in its order); constants of the suggested category; any constant at random.
+        """
+        consts = {c.name: c for c in tunable_constants(source)}
+        if not consts:
+            return None
+        for name, c in consts.items():
+            self.origin.setdefault(name, c.value)
+        self.tried.add(self._key(source))
+        constraints = divisibility_constraints(source)
+        for _ in range(2):   # a second pass after resetting exhausted constants
+            for name in self._order(consts, category, preferred):
+                edit = self._move(source, consts[name], constraints)
+                if edit is not None:
+                    return edit
+            for st in self.params.values():   # everything converged: widen the steps and go again
+                st.exhausted, st.failed, st.step = False, set(), FLOAT_STEP
+        return None
+
+    def _order(self, consts: dict[str, Constant], category: Optional[str], preferred: Iterable[str]) -> list[str]:
+        names = list(consts)
+        self.rng.shuffle(names)   # a random order of everything, the fallback
+        first: list[str] = []
+        if self.momentum and self.momentum[0] in consts:
+            first.append(self.momentum[0])
+        first += [n for n in preferred if n in consts]
+        if category:
+            first += [n for n in names if consts[n].category == category]
+        order = list(dict.fromkeys(first + names))
+        return [n for n in order if not self._state(n).exhausted]
+
+    def _move(self, source: str, c: Constant, constraints: set[tuple[str, str]]) -> Optional[Edit]:
+        st = self._state(c.name)
+        while True:
+            options = moves(c, st.step)
+            dirs = [d for d in options if d not in st.failed]
+            self.rng.shuffle(dirs)
+            if st.good in dirs:   # keep going the way that worked
+                dirs.remove(st.good)
+                dirs.insert(0, st.good)
+            if self.momentum and self.momentum[0] == c.name and self.momentum[1] in dirs:
+                dirs.remove(self.momentum[1])
+                dirs.insert(0, self.momentum[1])
+            for d in dirs:
+                for value in options[d]:
+                    edit = self._edit(source, c, d, value, constraints)
+                    if edit is not None:
+                        return edit
+                st.failed.add(d)   # nothing valid and untried that way
+            # every direction failed from here: a smaller step, or this constant has converged
+            if c.kind == "float" and st.step > MIN_FLOAT_STEP and c.value != 0:
+                st.step = math.sqrt(st.step)
+                st.failed = set()
+                continue
+            if c.kind == "int" and abs(c.value) >= 8 and st.step > 1.3:
+                st.step = 1.25 if st.step <= 1.5 else 1.5
+                st.failed = set()
+                continue
+            st.exhausted = True
+            return None
+
+    def _edit(self, source: str, c: Constant, direction: str, value: Value,
+              constraints: set[tuple[str, str]]) -> Optional[Edit]:
+        origin = self.origin.get(c.name, c.value)
+        if (not isinstance(value, bool) and isinstance(origin, (int, float)) and origin and value
+                and max(abs(value / origin), abs(origin / value)) > MAX_DRIFT):
+            return None
+        values = {**constant_values(source), c.name: value}
+        if not satisfies(values, constraints):
+            return None
+        key = tuple(sorted(values.items()))
+        if key in self.tried:
+            return None
+        new_source = set_constant(source, c.name, value)
+        old_txt, new_txt = format_value(c.value), format_value(value)
+        desc = f"{c.name} {old_txt} -> {new_txt}" + (" (off)" if direction == "off" else "")
+        hyp = (f"{_WHY[direction]} {c.name} ({c.category}) lowers val_bpb within the fixed time budget")
+        return Edit(c.name, c.value, value, direction, c.category, new_source, desc, hyp)
+
+    def record(self, edit: Edit, outcome: str) -> None:
+        """outcome: keep | discard | crash (ran) or refused | tabu (not run)."""
+        self.tried.add(self._key(edit.source))
+        self._update(edit.name, edit.direction, outcome)
+
+    def observe(self, name: str, old: Value, new: Value, outcome: str) -> None:
+        """Replay an earlier session's experiment (parsed from its description) into the memory."""
+        if isinstance(new, bool) or isinstance(old, bool):
+            direction = "flip"
+        elif new == 0 and old != 0:
+            direction = "off"
+        else:
+            direction = "up" if new > old else "down"
+        self._update(name, direction, outcome)
+
+    def _update(self, name: str, direction: str, outcome: str) -> None:
+        st = self._state(name)
+        st.tries += outcome in ("keep", "discard", "crash")
+        if outcome == "keep":
+            self.momentum = (name, direction)
+            st.good = direction
+            for other in self.params.values():   # a new point: every direction is worth a look again
+                other.failed = set()
+                other.exhausted = False
+        else:
+            st.failed.add(direction)
+            if st.good == direction:
+                st.good = None
+            if self.momentum == (name, direction):
+                self.momentum = None
+
+
+_DESC_RE = re.compile(r"^([A-Z][A-Z0-9_]*) (\S+) -> (\S+)")
+
+
+def parse_description(text: str) -> Optional[tuple[str, Value, Value]]:
+    """(name, old, new) from a description this agent wrote, e.g. 'LR 0.004 -> 0.008'."""
+    m = _DESC_RE.match(text or "")
+    if not m:
+        return None
+    try:
+        old, new = ast.literal_eval(m.group(2)), ast.literal_eval(m.group(3))
+    except (ValueError, SyntaxError):
+        return None
+    if not all(isinstance(v, (bool, int, float)) for v in (old, new)):
+        return None
+    return m.group(1), old, new
+
+
+# ---------------------------------------------------------------------------
+# Driving the MCP server
+
+Observer = Callable[[str, dict], None]
+
+
+class AgentError(RuntimeError):
+    """The session could not continue (the message says why)."""
+
+
+@dataclass
+class Attempt:
+    number: int
+    experiment_id: Optional[int]
+    description: str
+    status: str                  # ok | crash | timeout | rejected | refused
+    verdict: Optional[str]
+    val_bpb: Optional[float]
+    seconds: float
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class SessionResult:
+    workspace: Path
+    attempts: list[Attempt]
+    stopped_because: str
+    baseline: Optional[float]
+    best: Optional[float]
+    seconds: float
+
+    @property
+    def kept(self) -> int:
+        return sum(a.verdict == "keep" for a in self.attempts)
+
+
+_PROGRESS_RE = re.compile(r"step (\d+) loss ([-+0-9.eEnaif]+) (\d+)s left")
+
+
+def server_params(workspace: Path):
+    """How a real agent's MCP config starts the server (`.mcp.json` in the workspace says the same)."""
+    from mcp import StdioServerParameters
+    from mcp.client.stdio import get_default_environment
+
+    env = get_default_environment()
+    pkg_parent = str(Path(__file__).resolve().parent.parent)   # importable from a source checkout too
+    env["PYTHONPATH"] = os.pathsep.join([pkg_parent] + ([os.environ["PYTHONPATH"]]
+                                                         if os.environ.get("PYTHONPATH") else []))
+    return StdioServerParameters(command=sys.executable,
+                                 args=["-m", "mcp_server.cli", "serve", "--workspace", str(workspace)], env=env)
+
+
+class ToolFailed(Exception):
+    def __init__(self, tool: str, message: str):
+        super().__init__(f"{tool}: {message}")
+        self.tool, self.message = tool, message
+
+
+class BuiltinAgent:
+    def __init__(self, client, train: Path, planner: Planner, mechanisms: bool = True,
+                 observer: Optional[Observer] = None):
+        self.client = client
+        self.train = train          # the editable file; everything else goes through MCP tools
+        self.planner = planner
+        self.mechanisms = mechanisms
+        self.observer = observer or (lambda kind, data: None)
+        self.attempts: list[Attempt] = []
+        self.durations: list[float] = []
+
+    def emit(self, kind: str, **data: Any) -> None:
+        try:
+            self.observer(kind, data)
+        except Exception:  # noqa: BLE001 - a display problem must not stop the research
+            pass
+
+    async def call(self, tool: str, args: Optional[dict] = None, progress: bool = False) -> dict:
+        cb = None
+        if progress:
+            async def cb(done: float, total: Optional[float], message: Optional[str]) -> None:
+                m = _PROGRESS_RE.search(message or "")
+                if m:
+                    self.emit("progress", step=int(m.group(1)), loss=float(m.group(2)),
+                              remaining=float(m.group(3)), elapsed=done, total=total)
+        res = await self.client.call_tool(tool, args or {}, progress_callback=cb)
+        if res.is_error:
+            text = " ".join(getattr(c, "text", "") for c in res.content)
+            raise ToolFailed(tool, text)
+        return res.structured_content or {}
+
+    # -- the session ------------------------------------------------------------
+    async def run(self, n: Optional[int] = None, deadline: Optional[float] = None) -> str:
+        """Run up to n experiments (None: until the budget says stop) before `deadline` (monotonic)."""
+        state = await self.call("state_read", {"view": "summary"})
+        summary = state["summary"]
+        self.emit("start", summary=summary, mechanisms=self.mechanisms)
+        await self._replay_history()
+        if summary["pending_retest"]:
+            await self._settle(summary["pending_retest"][-1], confirm=True)
+        elif summary["pending_score"]:
+            await self._settle(summary["pending_score"][-1], confirm=False)
+        if summary["baseline_val_bpb"] is None:
+            budget = await self.call("budget_check")
+            if budget["should_stop"]:
+                return self._stop("budget: " + "; ".join(budget["reasons"]))
+            await self.call("revert")   # a half-made edit from an earlier session must not be measured
+            self.emit("experiment_start", number=0, description="baseline", category="baseline")
+            t0 = time.monotonic()
+            res = await self.call("run_experiment", {"description": "baseline", "hypothesis":
+                                  "the unmodified train.py, measured on several seeds"}, progress=True)
+            seconds = time.monotonic() - t0
+            runs = len((res.get("baseline") or {}).get("samples") or [1])
+            self.durations.append(seconds / runs)   # one run: the first estimate for the deadline
+            self.emit("baseline", result=res, seconds=seconds)
+        done, errors = 0, 0
+        while True:
+            if n is not None and done >= n:
+                return self._stop(f"ran the {n} experiment(s) asked for")
+            edit = None
+            try:
+                budget = await self.call("budget_check")
+                if budget["should_stop"]:
+                    return self._stop("budget: " + "; ".join(budget["reasons"]))
+                if deadline is not None and self.durations:
+                    need = statistics.median(self.durations[-5:])
+                    if time.monotonic() + need > deadline:
+                        return self._stop(f"session time budget: the next experiment (~{need:.0f} s) would "
+                                          "not finish in time")
+                edit = await self._next_edit()
+                if edit is None:
+                    return self._stop("no untried change of the tunable constants is left")
+                await self._experiment(edit, done + 1)
+                errors = 0
+            except ToolFailed as e:
+                # like an agent reading a tool error: act on it, and give up only if errors persist
+                await self._restore()
+                if "budget is spent" in e.message:
+                    return self._stop("budget: " + e.message)
+                if edit is not None and ("exact repeat" in e.message
+                                         or "only touches the random seed" in e.message):
+                    self.planner.record(edit, "refused")
+                    self.emit("skip", description=edit.description, reason=e.message)
+                    continue
+                errors += 1
+                self.emit("error", message=str(e))
+                if errors >= 3:
+                    raise AgentError(f"three tool errors in a row, last: {e}") from None
+                if "another experiment is running" in e.message:
+                    await anyio.sleep(10)
+                continue
+            done += 1
+
+    def _stop(self, reason: str) -> str:
+        self.emit("stop", reason=reason)
+        return reason
+
+    async def _replay_history(self) -> None:
+        """Resume instead of restart: feed this agent's earlier experiments back into the planner."""
+        hist = await self.call("state_read", {"view": "history", "limit": 500})
+        for row in sorted(hist.get("experiments", []), key=lambda r: r["id"]):
+            parsed = parse_description(row["description"])
+            if parsed is None or row["is_baseline"] or row["confirm_of"] is not None:
+                continue
+            if row["status"] in ("crash", "timeout", "rejected"):
+                outcome = "crash"
+            elif row["verdict"] in ("keep", "discard"):
+                outcome = row["verdict"]
+            else:
+                continue
+            self.planner.observe(*parsed, outcome)
+
+    async def _restore(self) -> None:
+        try:
+            await self.call("revert")
+        except ToolFailed:
+            pass
+
+    async def _next_edit(self) -> Optional[Edit]:
+        for _ in range(12):
+            source = self.train.read_text(encoding="utf-8")
+            category, preferred = None, []
+            if self.mechanisms:
+                sug = await self.call("suggest_next")
+                category, preferred = sug.get("category"), sug.get("parameters", [])
+                self.emit("suggestion", suggestion=sug)
+            edit = self.planner.propose(source, category, preferred)
+            if edit is None:
+                return None
+            self.train.write_text(edit.source, encoding="utf-8")
+            if not self.mechanisms:
+                return edit
+            check = await self.call("suggest_next")   # tabu: is the edited file (nearly) a tried one?
+            if check["tabu_status"] in ("exact_repeat", "near_repeat"):
+                self.planner.record(edit, "tabu")
+                self.train.write_text(source, encoding="utf-8")
+                self.emit("skip", description=edit.description, reason=(check["warnings"] or ["tabu"])[0])
+                continue
+            return edit
+        return None
+
+    async def _experiment(self, edit: Edit, number: int) -> None:
+        t0 = time.monotonic()
+        self.emit("experiment_start", number=number, description=edit.description, category=edit.category)
+        res = await self.call("run_experiment", {"description": edit.description, "hypothesis": edit.hypothesis},
+                              progress=True)
+        eid = res["experiment_id"]
+        verdict = None
+        if res["status"] == "ok":
+            verdict = await self._settle(eid, confirm=False)
+        self.planner.record(edit, "crash" if res["status"] != "ok" else verdict or "discard")
+        seconds = time.monotonic() - t0
+        self.durations.append(seconds)
+        att = Attempt(number, eid, edit.description, res["status"], verdict or "discard", res.get("val_bpb"),
+                      seconds, list(res.get("warnings") or []))
+        self.attempts.append(att)
+        self.emit("experiment_end", attempt=att, result=res)
+        if verdict == "keep":
+            await self._note("lesson", eid, f"{edit.description} was kept: {edit.hypothesis}.")
+        elif res["status"] != "ok":
+            await self._note("dead_end", eid, f"{edit.description} failed ({(res.get('reason') or res['status'])[:300]}).")
+
+    async def _note(self, kind: str, eid: int, text: str) -> None:
+        try:
+            await self.call("note", {"kind": kind, "experiment_id": eid, "text": text})
+            self.emit("note", kind=kind, text=text)
+        except ToolFailed as e:   # a lost note is a pity, not a reason to stop
+            self.emit("error", message=str(e))
+
+    async def _settle(self, eid: int, confirm: bool) -> Optional[str]:
+        """Score an experiment; on 'retest', confirm it on fresh seeds until the verdict is final."""
+        if confirm and not await self._confirm(eid):
+            return "discard"
+        while True:
+            sc = await self.call("score", {"experiment_id": eid})
+            self.emit("verdict", score=sc)
+            if sc["verdict"] != "retest":
+                return sc["verdict"]
+            if not await self._confirm(eid):
+                return "discard"   # a failed confirm run discards the candidate (the engine did so)
+
+    async def _confirm(self, eid: int) -> bool:
+        self.emit("experiment_start", number=None, description=f"confirm #{eid}", category="confirm")
+        res = await self.call("run_experiment", {"description": f"confirm #{eid}", "confirm_of": eid},
+                              progress=True)
+        self.emit("confirm_end", result=res)
+        return res["status"] == "ok"
+
+
+async def run_session(workspace: Path | str, n: Optional[int] = None, wall_seconds: Optional[float] = None,
+                      mechanisms: bool = True, seed: int = 0, observer: Optional[Observer] = None,
+                      deadline: Optional[float] = None, planner: Optional[Planner] = None) -> SessionResult:
+    """One built-in agent session against `loopwright serve` over stdio.
+
+    n: experiments to run (None: until budget_check says stop); wall_seconds / deadline (monotonic):
+    no experiment starts that would not finish in time; seed: the planner's random choices."""
+    from mcp import Client
+    from mcp.client.stdio import stdio_client
+
+    from .workspace import Workspace
+
+    ws = Workspace.find(workspace)
+    if n is not None and n < 0:
+        raise ValueError("-n must be >= 0")
+    t0 = time.monotonic()
+    if wall_seconds is not None:
+        deadline = min(deadline or math.inf, t0 + wall_seconds)
+    log_dir = ws.state_dir / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    # The server's own log goes to a file: on the terminal it would tear through the live display.
+    log_path = log_dir / f"builtin-serve-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    with open(log_path, "a", encoding="utf-8") as errlog:
+        try:
+            async with Client(stdio_client(server_params(ws.root), errlog=errlog)) as client:
+                agent = BuiltinAgent(client, ws.root / ws.cfg.paths.editable[0], planner or Planner(seed),
+                                     mechanisms, observer)
+                reason = await agent.run(n, deadline)
+                final = (await agent.call("state_read", {"view": "summary"}))["summary"]
+        except Exception as e:  # the client's task group wraps what went wrong: show the cause itself
+            inner = _unwrap(e)
+            if isinstance(inner, (AgentError, ToolFailed)):
+                raise AgentError(str(inner)) from None
+            if inner is not e:
+                raise AgentError(f"the MCP session failed: {type(inner).__name__}: {inner} "
+                                 f"(server log: {log_path})") from inner
+            raise
+    return SessionResult(ws.root, agent.attempts, reason, final["baseline_val_bpb"], final["best_val_bpb"],
+                         time.monotonic() - t0)
+
+
+def _unwrap(e: BaseException) -> BaseException:
+    while hasattr(e, "exceptions") and len(e.exceptions) == 1:
+        e = e.exceptions[0]
+    return e
+
+
+def run_builtin(workspace: Path | str, **kw: Any) -> SessionResult:
+    return anyio.run(lambda: run_session(workspace, **kw))

@@ -1,0 +1,317 @@
+"""`loopwright report`: progress.png, report.md and results.tsv for people.
+
+Written to .loopwright/reports/. The numbers come from the ledger only, and the
+hidden test split appears here (never through MCP): a best version whose
+validation gain does not carry over to the test split is flagged.
+
+The report says plainly when nothing cleared the noise threshold.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from . import verdict as verdictmod
+from .config import LoopwrightConfig
+
+FAILED = ("crash", "timeout", "rejected")
+
+
+@dataclass
+class Point:
+    number: int                 # x: 1.. for candidates in the order they ran
+    id: int
+    description: str
+    status: str
+    verdict: Optional[str]
+    val_bpb: Optional[float]    # mean of the run and its confirm runs
+    test_bpb: Optional[float]
+    samples: int
+    commit: str
+    reason: str = ""
+
+
+@dataclass
+class ReportData:
+    tag: str
+    baseline: list[float]
+    baseline_test: list[float]
+    sigma: float
+    threshold: float
+    min_delta: float
+    k_sigma: float
+    points: list[Point]
+    kept: list[tuple[Point, float, float]]      # (point, delta vs previous best, delta vs baseline)
+    best: Optional[Point]
+    budget: dict = field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        return len(self.points)
+
+    @property
+    def crashed(self) -> list[Point]:
+        return [p for p in self.points if p.status in FAILED]
+
+    @property
+    def baseline_mean(self) -> Optional[float]:
+        return statistics.fmean(self.baseline) if self.baseline else None
+
+    @property
+    def best_val(self) -> Optional[float]:
+        return self.best.val_bpb if self.best else self.baseline_mean
+
+    @property
+    def gain(self) -> Optional[float]:
+        """baseline - best (positive = better)."""
+        if self.baseline_mean is None or self.best_val is None:
+            return None
+        return self.baseline_mean - self.best_val
+
+    @property
+    def title(self) -> str:
+        return f"{self.n} experiments, {len(self.kept)} kept, {len(self.crashed)} crashed"
+
+
+def collect(rows: list[dict], cfg: LoopwrightConfig, tag: str = "", budget: Optional[dict] = None) -> ReportData:
+    """Everything the report shows, from one campaign's experiment rows (Ledger.experiments)."""
+    rows = sorted(rows, key=lambda r: r["id"])
+    base_rows = [r for r in rows if r["is_baseline"] and r["status"] == "ok" and r["val_bpb"] is not None]
+    baseline = [r["val_bpb"] for r in base_rows]
+    baseline_test = [r["test_bpb"] for r in base_rows if r["test_bpb"] is not None]
+    confirms: dict[int, list[dict]] = {}
+    for r in rows:
+        if r["confirm_of"] is not None and r["status"] == "ok" and r["val_bpb"] is not None:
+            confirms.setdefault(r["confirm_of"], []).append(r)
+    sigma = verdictmod.estimate_sigma(baseline, cfg.noise.sigma_floor)
+    points: list[Point] = []
+    for r in rows:
+        if r["is_baseline"] or r["confirm_of"] is not None:
+            continue
+        runs = ([r] if r["val_bpb"] is not None and r["status"] == "ok" else []) + confirms.get(r["id"], [])
+        val = statistics.fmean(x["val_bpb"] for x in runs) if runs else None
+        tests = [x["test_bpb"] for x in runs if x["test_bpb"] is not None]
+        points.append(Point(len(points) + 1, r["id"], r["description"], r["status"], r["verdict"], val,
+                            statistics.fmean(tests) if tests else None, len(runs), (r["commit_sha"] or "")[:10],
+                            r["reason"] or r["verdict_reason"] or ""))
+    kept = []
+    best_val = statistics.fmean(baseline) if baseline else None
+    best: Optional[Point] = None
+    for p in points:
+        if p.verdict == "keep" and p.val_bpb is not None:
+            prev = best_val if best_val is not None else p.val_bpb
+            kept.append((p, p.val_bpb - prev, p.val_bpb - (statistics.fmean(baseline) if baseline else p.val_bpb)))
+            best_val, best = p.val_bpb, p
+    return ReportData(tag, baseline, baseline_test, sigma,
+                      verdictmod.threshold(sigma, cfg.noise, 1, max(1, len(baseline))), cfg.noise.min_delta,
+                      cfg.noise.k_sigma, points, kept, best, budget or {})
+
+
+# ---------------------------------------------------------------------------
+# The chart, in the style of autoresearch's progress.png
+
+@dataclass
+class PlotInfo:
+    path: Path
+    title: str
+    n_experiments: int
+    n_kept: int
+    n_crashed: int
+
+
+def plot_progress(data: ReportData, path: Path) -> PlotInfo:
+    """x = experiment number, y = val_bpb: grey discards, green annotated keeps, red crashes, best line."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(12, 6.5), dpi=110)
+    ok = [p for p in data.points if p.val_bpb is not None]
+    vals = [p.val_bpb for p in ok] + data.baseline
+    if vals:
+        lo, hi = min(vals), max(vals)
+        if data.baseline_mean is not None:
+            # keep the interesting band readable: wild failures are drawn at the top edge
+            hi = min(hi, data.baseline_mean + max(3 * (data.baseline_mean - lo), 10 * data.sigma, 0.02))
+        pad = max(0.05 * (hi - lo), 2 * data.sigma, 1e-3)
+        ymin, ymax = lo - pad, hi + 2 * pad
+    else:
+        ymin, ymax = 0.0, 1.0
+    ax.set_ylim(ymin, ymax)
+    if data.baseline_mean is not None:
+        m, s = data.baseline_mean, data.sigma
+        ax.axhspan(m - s, m + s, color="#9aa7b8", alpha=0.25, lw=0, label=f"baseline ± σ ({m:.4f} ± {s:.4f})")
+        ax.scatter([0] * len(data.baseline), data.baseline, s=22, color="#5c6b80", zorder=3)
+    disc = [p for p in ok if p.verdict != "keep"]
+    inside = [p for p in disc if p.val_bpb <= ymax]
+    above = [p for p in disc if p.val_bpb > ymax]
+    ax.scatter([p.number for p in inside], [p.val_bpb for p in inside], s=26, color="#b0b0b0",
+               zorder=2, label="discarded")
+    if above:
+        ax.scatter([p.number for p in above], [ymax - 0.07 * (ymax - ymin)] * len(above), marker="^", s=30,
+                   color="#b0b0b0", zorder=2, label="discarded (off the scale)")
+    crashes = data.crashed
+    if crashes:
+        ax.scatter([p.number for p in crashes], [ymax - (ymax - ymin) * 0.03] * len(crashes), marker="x", s=46,
+                   color="#d1495b", zorder=4, label="crashed")
+    keeps = [p for p, _, _ in data.kept]
+    ax.scatter([p.number for p in keeps], [p.val_bpb for p in keeps], s=52, color="#2e9e44", zorder=5,
+               edgecolor="black", linewidth=0.5, label="kept")
+    for p in keeps:
+        ax.annotate(p.description[:42], (p.number, p.val_bpb), xytext=(6, -12), textcoords="offset points",
+                    fontsize=8, color="#1f6e2f", rotation=-20)
+    if data.baseline_mean is not None:   # running best: a step down at each keep
+        xs, ys, best = [0], [data.baseline_mean], data.baseline_mean
+        for p in keeps:
+            xs += [p.number]
+            ys += [p.val_bpb]
+        xs.append(max(data.n, xs[-1]) + 0.5)
+        ys.append(ys[-1])
+        ax.step(xs, ys, where="post", color="#2e9e44", lw=1.6, alpha=0.8, label="running best")
+    ax.set_xlim(-0.8, max(data.n, 1) + 0.8)
+    ax.set_xlabel("experiment #")
+    ax.set_ylabel("val_bpb (lower is better)")
+    ax.set_title(data.title)
+    ax.grid(alpha=0.25)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)   # never over a point
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return PlotInfo(path, data.title, data.n, len(data.kept), len(data.crashed))
+
+
+# ---------------------------------------------------------------------------
+# report.md
+
+def _f(v: Optional[float], digits: int = 4, sign: bool = False) -> str:
+    if v is None:
+        return "—"
+    return f"{v:+.{digits}f}" if sign else f"{v:.{digits}f}"
+
+
+def divergence(data: ReportData) -> Optional[dict]:
+    """The hidden-test check of the best version against the baseline (same rule as the keep events)."""
+    if data.best is None or data.best.test_bpb is None or not data.baseline_test or data.gain is None:
+        return None
+    test_gain = statistics.fmean(data.baseline_test) - data.best.test_bpb
+    flagged = data.gain > 0 and test_gain < 0.5 * data.gain - 2 * data.sigma
+    return {"baseline_test": statistics.fmean(data.baseline_test), "best_test": data.best.test_bpb,
+            "val_gain": data.gain, "test_gain": test_gain, "flagged": flagged}
+
+
+def render_markdown(data: ReportData, plot_name: str = "progress.png", tsv_name: str = "results.tsv") -> str:
+    L: list[str] = [f"# loopwright report — campaign `{data.tag}`", "",
+                    f"Generated {time.strftime('%Y-%m-%d %H:%M:%S %Z')}. ![progress]({plot_name})", ""]
+    n_seeds = len(data.baseline)
+    L += ["## Outcome", ""]
+    if data.baseline_mean is None:
+        L += ["No baseline has been measured yet: run an experiment first.", ""]
+    else:
+        L.append(f"- {data.title}.")
+        L.append(f"- Baseline: **{_f(data.baseline_mean)} ± {_f(data.sigma)}** val_bpb "
+                 f"({n_seeds} seed{'s' if n_seeds != 1 else ''}).")
+        if data.best is None:
+            L.append(f"- **No change cleared the noise threshold ({_f(data.threshold)}).** The best version is "
+                     "still the baseline; every gain measured was within the noise.")
+        else:
+            g = data.gain or 0.0
+            in_sigma = f" ({g / data.sigma:.1f} σ)" if data.sigma else ""
+            L.append(f"- Best: **{_f(data.best_val)}** (experiment #{data.best.id}, commit `{data.best.commit}`, "
+                     f"{data.best.samples} run(s)): gain **{_f(g)}** over the baseline{in_sigma}, "
+                     f"{len(data.kept)} kept change(s).")
+        near = sorted((p for p in data.points if p.verdict != "keep" and p.val_bpb is not None
+                       and data.baseline_mean is not None and p.val_bpb < (data.best_val or 0)),
+                      key=lambda p: p.val_bpb)
+        if near:
+            L.append(f"- {len(near)} discarded experiment(s) measured below the best but not by enough to clear "
+                     f"the threshold (closest: #{near[0].id} {near[0].description!r}, {_f(near[0].val_bpb)}).")
+        L.append("")
+    L += ["## Noise", "",
+          f"- Baseline samples: {', '.join(_f(v) for v in data.baseline) or '—'}",
+          f"- σ (run-to-run SD, floored): {_f(data.sigma, 5)}",
+          f"- Keep threshold for a single run: max(min_delta {data.min_delta}, {data.k_sigma} σ × √(1 + 1/{max(1, n_seeds)}))"
+          f" = **{_f(data.threshold, 5)}**; near the threshold a confirm run on a fresh seed decides.", ""]
+    L += ["## Kept changes", ""]
+    if data.kept:
+        L += ["| # | experiment | description | val_bpb | Δ vs previous best | Δ vs baseline | runs | commit |",
+              "|---|---|---|---|---|---|---|---|"]
+        for i, (p, dprev, dbase) in enumerate(data.kept, 1):
+            L.append(f"| {i} | #{p.id} | {_md(p.description)} | {_f(p.val_bpb)} | {_f(dprev, sign=True)} | "
+                     f"{_f(dbase, sign=True)} | {p.samples} | `{p.commit}` |")
+    else:
+        L.append("None.")
+    L.append("")
+    L += ["## Crashes", ""]
+    if data.crashed:
+        L += ["| experiment | description | status | reason |", "|---|---|---|---|"]
+        for p in data.crashed:
+            L.append(f"| #{p.id} | {_md(p.description)} | {p.status} | {_md(p.reason[:160])} |")
+    else:
+        L.append("None.")
+    L.append("")
+    b = data.budget
+    if b:
+        L += ["## Budget used", "",
+              f"- Experiments (all runs, baselines and confirms included): {b.get('experiments_used')}"
+              + (f" of {b['experiments_used'] + b['experiments_left']}" if b.get("experiments_left") is not None
+                 else ""),
+              f"- Compute: {b.get('hours_used', 0) * 60:.1f} min of experiments"
+              + (f" (of {(b['hours_used'] + b['hours_left']) * 60:.0f} min)" if b.get("hours_left") is not None else ""),
+              f"- Agent cost: ${b.get('cost_used_usd', 0):.2f}",
+              f"- Should stop: {b.get('should_stop')} {('(' + '; '.join(b.get('reasons') or []) + ')') if b.get('reasons') else ''}",
+              ""]
+    L += ["## Hidden test split (for people only; never shown to the agent)", ""]
+    d = divergence(data)
+    if d is None:
+        L.append("Not available: no kept change with a test score, or no baseline test scores." if data.best is None
+                 or not data.baseline_test else "Not available.")
+    else:
+        L += [f"- test_bpb: baseline {_f(d['baseline_test'])} → best {_f(d['best_test'])} "
+              f"(test gain {_f(d['test_gain'], sign=True)} vs validation gain {_f(d['val_gain'], sign=True)})",
+              "- **Divergence flag: the validation gain did not carry over to the test split (possible overfitting "
+              "to val or leakage).**" if d["flagged"] else "- No val/test divergence: the gain carries over."]
+    L += ["", f"All experiments: [{tsv_name}]({tsv_name}) (autoresearch's columns first).", ""]
+    return "\n".join(L)
+
+
+def _md(text: str) -> str:
+    return (text or "").replace("|", "\\|").replace("\n", " ")
+
+
+# ---------------------------------------------------------------------------
+
+@dataclass
+class ReportFiles:
+    directory: Path
+    plot: PlotInfo
+    markdown: Path
+    tsv: Path
+    data: ReportData
+
+
+def write_report(workspace: Path | str | None = None) -> ReportFiles:
+    from . import budget as budgetmod
+    from .engine import Engine
+    from .tsv import export_tsv
+
+    eng = Engine(workspace, recover=False)
+    try:
+        c = eng.campaign
+        rows = eng.ledger.experiments(c["id"])
+        # budget.check, not Engine.budget: a report must not record events (budget_spent) as a side effect
+        status = budgetmod.check(eng.ledger, c["id"], eng.ws.cfg.budget, eng.best(c)[0])
+        data = collect(rows, eng.ws.cfg, c["tag"], status.model_dump())
+        out = eng.ws.reports_dir
+        out.mkdir(parents=True, exist_ok=True)
+        plot = plot_progress(data, out / "progress.png")
+        md = out / "report.md"
+        md.write_text(render_markdown(data), encoding="utf-8")
+        tsv = out / "results.tsv"
+        tsv.write_text(export_tsv(eng.ledger, c["id"]), encoding="utf-8")
+        return ReportFiles(out, plot, md, tsv, data)
+    finally:
+        eng.close()

@@ -1,0 +1,137 @@
+"""The report: progress.png, report.md and results.tsv agree with the ledger."""
+from __future__ import annotations
+
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, make_workspace, set_constant
+from mcp_server.config import LoopwrightConfig
+from mcp_server.report import collect, divergence, plot_progress, render_markdown
+
+CFG = LoopwrightConfig()   # noise: k_sigma 2, min_delta 0.002, sigma_floor 0.0005
+
+
+def _rows(spec: list[tuple]) -> list[dict]:
+    """(kind, val, test, verdict/status, description[, confirm_of]) -> ledger-like rows."""
+    out = []
+    for i, s in enumerate(spec, 1):
+        kind, val, test, outcome, desc = s[:5]
+        status = outcome if outcome in ("crash", "timeout", "rejected") else "ok"
+        verdict = "discard" if status != "ok" else ("baseline" if kind == "base" else outcome)
+        out.append({"id": i, "is_baseline": int(kind == "base"), "status": status, "verdict": verdict,
+                    "val_bpb": val, "test_bpb": test, "confirm_of": s[5] if len(s) > 5 else None,
+                    "commit_sha": f"{i:040x}", "description": desc,
+                    "reason": "train.py exited with code 1" if status != "ok" else None, "verdict_reason": None})
+    return out
+
+
+SPEC = [("base", 2.000, 2.010, "baseline", "baseline 1"),
+        ("base", 2.010, 2.020, "baseline", "baseline 2"),
+        ("cand", 1.950, 1.960, "keep", "LR 0.004 -> 0.008"),
+        ("cand", 1.990, 2.000, "discard", "DEPTH 4 -> 5"),
+        ("cand", None, None, "crash", "D_MODEL 128 -> 4096"),
+        ("cand", 1.930, 1.950, "keep", "BATCH_SIZE 16 -> 8"),
+        ("conf", 1.940, 1.950, "keep", "confirm #6", 6),
+        ("cand", 7.900, 7.900, "discard", "LR 0.008 -> 0.5")]
+
+
+def test_collect_counts_and_numbers():
+    d = collect(_rows(SPEC), CFG, "t")
+    assert d.n == 5 and len(d.kept) == 2 and len(d.crashed) == 1
+    assert d.title == "5 experiments, 2 kept, 1 crashed"
+    assert d.baseline_mean == pytest.approx(2.005)
+    assert d.sigma == pytest.approx(statistics.stdev([2.0, 2.01]))
+    assert d.best.id == 6 and d.best_val == pytest.approx(1.935)     # the confirm run is averaged in
+    assert d.best.samples == 2
+    assert d.gain == pytest.approx(2.005 - 1.935)
+    (p1, dprev1, dbase1), (p2, dprev2, dbase2) = d.kept
+    assert dprev1 == pytest.approx(1.95 - 2.005) and dprev2 == pytest.approx(1.935 - 1.95)
+    assert dbase2 == pytest.approx(1.935 - 2.005)
+    assert [p.number for p in d.points] == [1, 2, 3, 4, 5]      # confirm runs are not points of their own
+
+
+def test_plot_is_a_png_with_the_ledger_counts(tmp_path: Path):
+    import matplotlib.image
+
+    d = collect(_rows(SPEC), CFG, "t")
+    info = plot_progress(d, tmp_path / "progress.png")
+    data = info.path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    img = matplotlib.image.imread(info.path)
+    assert img.shape[0] > 400 and img.shape[1] > 800
+    assert (info.n_experiments, info.n_kept, info.n_crashed) == (5, 2, 1)
+    assert info.title == "5 experiments, 2 kept, 1 crashed"
+
+
+def test_markdown_numbers_match_the_ledger():
+    d = collect(_rows(SPEC), CFG, "t")
+    md = render_markdown(d)
+    assert "5 experiments, 2 kept, 1 crashed" in md
+    assert "**2.0050 ± 0.0071** val_bpb (2 seeds)" in md
+    assert "Best: **1.9350** (experiment #6" in md and "gain **0.0700**" in md
+    kept_rows = [l for l in md.splitlines() if re.match(r"\| \d+ \| #\d+ \|", l)]
+    assert len(kept_rows) == 2
+    assert "| 1 | #3 | LR 0.004 -> 0.008 | 1.9500 | -0.0550 | -0.0550 | 1 |" in kept_rows[0]
+    assert "| 2 | #6 | BATCH_SIZE 16 -> 8 | 1.9350 | -0.0150 | -0.0700 | 2 |" in kept_rows[1]
+    assert "| #5 | D_MODEL 128 -> 4096 | crash | train.py exited with code 1 |" in md
+    assert "test_bpb: baseline 2.0150 → best 1.9500" in md and "No val/test divergence" in md
+    thr = d.threshold
+    assert f"**{thr:.5f}**" in md and thr == pytest.approx(max(0.002, 2 * d.sigma * (1 + 1 / 2) ** 0.5))
+
+
+def test_markdown_says_plainly_when_nothing_cleared_the_noise():
+    spec = SPEC[:2] + [("cand", 2.004, 2.0, "discard", "LR 0.004 -> 0.0045"),
+                       ("cand", 2.100, 2.1, "discard", "DEPTH 4 -> 2")]
+    d = collect(_rows(spec), CFG, "t")
+    md = render_markdown(d)
+    assert d.best is None and d.gain == 0
+    assert "No change cleared the noise threshold" in md and "still the baseline" in md
+    assert "1 discarded experiment(s) measured below the best" in md
+    assert "## Kept changes\n\nNone." in md
+
+
+def test_val_test_divergence_is_flagged():
+    spec = SPEC[:2] + [("cand", 1.900, 2.030, "keep", "peek at val")]
+    d = collect(_rows(spec), CFG, "t")
+    div = divergence(d)
+    assert div["flagged"] and div["test_gain"] < 0 < div["val_gain"]
+    assert "Divergence flag" in render_markdown(d)
+
+
+def test_loopwright_report_on_a_workspace(tmp_path: Path, small_corpus):
+    """The CLI writes the three files from a real ledger (experiments recorded without training)."""
+    from mcp_server import gitops
+    from mcp_server.engine import Engine
+
+    ws = make_workspace(tmp_path / "ws", small_corpus)
+    with Engine(ws.root) as eng:
+        c = eng.campaign
+        for i, v in enumerate((2.0, 2.01)):
+            e = eng.ledger.start_experiment(c["id"], f"baseline {i}", is_baseline=1, commit_sha=c["best_commit"])
+            eng.ledger.update_experiment(e, status="ok", val_bpb=v, test_bpb=v + 0.01, verdict="baseline",
+                                         finished_at=time.time())
+        set_constant(ws.root / "train.py", "LR", "0.008")
+        sha, _ = gitops.commit_editable(ws.root, ["train.py"], ".loopwright", "LR")
+        e = eng.ledger.start_experiment(c["id"], "LR 0.004 -> 0.008", commit_sha=sha, parent_commit=c["best_commit"])
+        eng.ledger.update_experiment(e, status="ok", val_bpb=1.9, test_bpb=1.91, finished_at=time.time())
+        eng.score(e)
+        n_events = len(eng.ledger.events())
+    proc = subprocess.run([sys.executable, "-m", "mcp_server.cli", "report", "--workspace", str(ws.root)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "1 experiments, 1 kept, 0 crashed" in proc.stdout
+    out = ws.state_dir / "reports"
+    assert (out / "progress.png").read_bytes()[:4] == b"\x89PNG"
+    md = (out / "report.md").read_text()
+    assert "Best: **1.9000** (experiment #3" in md and f"`{sha[:10]}`" in md
+    tsv = (out / "results.tsv").read_text().splitlines()
+    assert tsv[0].split("\t")[:5] == ["commit", "val_bpb", "memory_gb", "status", "description"]
+    assert len(tsv) == 4 and tsv[3].split("\t")[3] == "keep"
+    with Engine(ws.root) as eng:
+        assert len(eng.ledger.events()) == n_events   # writing a report records nothing
