@@ -61,6 +61,12 @@ class Engine:
 
         def deliver() -> None:
             try:
+                # Refresh progress.png first: the Slack message for a keep uploads it.
+                from .report import write_report
+                write_report(root)
+            except Exception:  # noqa: BLE001 - a missing plot never blocks a message
+                pass
+            try:
                 from .notify.outbox import notify_workspace
                 notify_workspace(root)
             except Exception:  # noqa: BLE001 - a connector failure never touches the loop
@@ -423,6 +429,7 @@ class Engine:
                     "delta_vs_best": statistics.fmean(samples) - previous,
                     "delta_vs_baseline": statistics.fmean(samples) - statistics.fmean(base) if base else None,
                     "sigma": sig, "threshold": v.threshold, "tag": c["tag"],
+                    "plot_path": str(self.ws.reports_dir / "progress.png"),
                     "test_bpb": statistics.fmean(test) if test else None,
                     "test_divergence": self._test_divergence(c, exp, samples, test)}, sinks)
                 nxt = "Kept: the branch advanced. Write a note about what worked, then try the next idea."
