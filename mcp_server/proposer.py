@@ -406,9 +406,9 @@ class BuiltinAgent:
         self.attempts: list[Attempt] = []
         self.durations: list[float] = []
 
-    def emit(self, kind: str, **data: Any) -> None:
+    def emit(self, event: str, /, **data: Any) -> None:
         try:
-            self.observer(kind, data)
+            self.observer(event, data)
         except Exception:  # noqa: BLE001 - a display problem must not stop the research
             pass
 

@@ -179,3 +179,165 @@ def test_run_builtin_over_stdio(tmp_path: Path, small_corpus):
         assert summary.pending_score == [] and summary.pending_retest == []
     logs = list((ws.state_dir / "logs").glob("builtin-serve-*.log"))
     assert logs, "the server's stderr goes to a log file, not the terminal"
+
+
+def test_progress_display_follows_the_events():
+    """The live display's state and its plain-text fallback, driven by the agent's events."""
+    import io
+
+    from rich.console import Console
+
+    from mcp_server.demo import Display, ProgressState
+    from mcp_server.proposer import Attempt
+
+    st = ProgressState("demo", n=3)
+    out = io.StringIO()
+    display = Display(st, Console(file=out, width=120), live=False)
+    summary = {"tag": "t", "experiments": 0, "best_val_bpb": None, "baseline_val_bpb": None, "kept": 0}
+    with display:
+        display("start", {"summary": summary, "mechanisms": True})
+        display("experiment_start", {"number": 0, "description": "baseline", "category": "baseline"})
+        display("progress", {"step": 12, "loss": 2.5, "remaining": 9.0, "elapsed": 3.0, "total": 12.0})
+        assert (st.phase, st.step, st.loss) == ("baseline", 12, 2.5)
+        display("baseline", {"result": {"baseline": {"mean": 2.0, "sigma": 0.01, "keep_threshold": 0.03,
+                                                     "samples": [1.99, 2.01]}}, "seconds": 40.0})
+        display("experiment_start", {"number": 1, "description": "LR 0.004 -> 0.008", "category": "optimizer"})
+        display("verdict", {"score": {"verdict": "keep", "gain": 0.05, "threshold": 0.03, "best_val_bpb": 1.95}})
+        display("experiment_end", {"attempt": Attempt(1, 3, "LR 0.004 -> 0.008", "ok", "keep", 1.95, 30.0),
+                                   "result": {"delta_vs_best": -0.05}})
+        display("stop", {"reason": "ran the 1 experiment(s) asked for"})
+    assert st.best == 1.95 and st.kept == 1 and st.rows[0].verdict == "keep" and st.rows[0].delta == -0.05
+    text = out.getvalue()
+    assert "baseline 2.0000 ± 0.0100 on 2 seeds" in text and "score: keep (gain +0.0500" in text
+    assert "stopped: ran the 1 experiment(s) asked for" in text
+    rec = Console(record=True, width=120, file=io.StringIO())
+    rec.print(st.render())
+    screen = rec.export_text()
+    assert "LR 0.004 -> 0.008" in screen and "1.9500" in screen and "kept 1" in screen and "-0.0500" in screen
+
+
+# -- the agent's control flow against the real server, with training replaced by a formula -------
+
+def _fake_runs(monkeypatch, objective):
+    """Replace the two child processes (train.py, the evaluator) by `objective(constants, seed)`:
+    the engine, the ledger, git, the MCP server and the agent all run for real, in a second."""
+    from mcp_server import runner
+
+    def train(ws, run_dir, seed, on_progress=None, **kw):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        vals = constant_values((ws.root / "train.py").read_text())
+        if on_progress:
+            on_progress(5, 3.0, 1.0, 4.0)
+        val = objective(vals, seed)
+        model = run_dir / "model.pt2"
+        if val is None:
+            return runner.TrainResult("crash", 1, "train.py exited with code 1", 0.1, {}, "Traceback: boom")
+        model.write_text(str(val))
+        return runner.TrainResult("ok", 0, "", 0.1, {"num_steps": 5.0, "training_seconds": 0.1}, "", model)
+
+    def evaluate(ws, pinned, run_dir, model_path, **kw):
+        val = float(model_path.read_text())
+        return runner.EvalResult(True, "", val, val + 0.01, 0.01, {}, 0.01)
+
+    monkeypatch.setattr(runner, "run_training", train)
+    monkeypatch.setattr(runner, "run_evaluation", evaluate)
+
+
+def _objective(vals, seed):
+    """A bowl in log(LR) and log(BATCH_SIZE), QK_NORM a near-miss, a wider model crashes."""
+    import math
+
+    if vals["D_MODEL"] > 128:
+        return None
+    v = 2.0 + 0.05 * abs(math.log2(vals["LR"] / 0.016)) + 0.01 * abs(math.log2(vals["BATCH_SIZE"] / 8))
+    v -= 0.0015 * vals["QK_NORM"]          # inside the retest band: confirm runs, then a discard
+    return v + (seed % 3) * 1e-4            # a little seed noise
+
+
+class _Scripted(Planner):
+    """The planner, told which constants to look at first (to reach the interesting paths)."""
+
+    def __init__(self, order, seed=0):
+        super().__init__(seed)
+        self.order = list(order)
+
+    def propose(self, source, category=None, preferred=()):
+        first = [self.order.pop(0)] if self.order else []
+        return super().propose(source, category, first + list(preferred))
+
+
+async def _agent_session(ws, planner, n, mechanisms=True, deadline=None):
+    from mcp import Client
+
+    from mcp_server.proposer import BuiltinAgent
+    from mcp_server.server import build_server
+
+    events = []
+    async with Client(build_server(ws.root)) as client:
+        agent = BuiltinAgent(client, ws.root / "train.py", planner, mechanisms,
+                             lambda kind, d: events.append((kind, d)))
+        reason = await agent.run(n, deadline)
+    return agent, reason, events
+
+
+async def test_agent_keeps_confirms_notes_and_stops(tmp_path, small_corpus, monkeypatch):
+    from mcp_server.engine import Engine
+
+    _fake_runs(monkeypatch, _objective)
+    ws = make_workspace(tmp_path / "ws", small_corpus)
+    agent, reason, events = await _agent_session(ws, _Scripted(["QK_NORM", "LR"]), n=6)
+    assert reason == "ran the 6 experiment(s) asked for"
+    kinds = [k for k, _ in events]
+    assert kinds[0] == "start" and kinds.count("experiment_end") == 6 and "baseline" in kinds
+    by_desc = {a.description: a for a in agent.attempts}
+    # QK_NORM: near the threshold -> retest -> two confirm runs -> discard
+    qk = by_desc["QK_NORM False -> True"]
+    assert qk.verdict == "discard"
+    assert [d["score"]["verdict"] for k, d in events if k == "verdict"][:3] == ["retest", "retest", "discard"]
+    # LR up is kept, and the agent keeps going the same way (momentum)
+    assert by_desc["LR 0.004 -> 0.008"].verdict == "keep"
+    assert by_desc["LR 0.008 -> 0.016"].verdict == "keep"
+    with Engine(ws.root, recover=False) as eng:
+        c = eng.campaign
+        rows = eng.ledger.experiments(c["id"])
+        cands = [r for r in rows if not r["is_baseline"] and r["confirm_of"] is None]
+        assert len(cands) == 6 and len({r["source_sha"] for r in cands}) == 6   # never the same train.py twice
+        assert len([r for r in rows if r["confirm_of"] == qk.experiment_id]) == 2
+        notes = eng.ledger.notes(c["id"])
+        assert {n["kind"] for n in notes} >= {"lesson"}
+        assert eng.summary().pending_score == [] and eng.summary().pending_retest == []
+        best_src = (ws.root / "train.py").read_text()
+        assert constant_values(best_src)["LR"] == 0.016   # the file on disk is the best version
+
+
+async def test_agent_records_crashes_and_resumes(tmp_path, small_corpus, monkeypatch):
+    from mcp_server.engine import Engine
+
+    _fake_runs(monkeypatch, _objective)
+    ws = make_workspace(tmp_path / "ws", small_corpus)
+    a1, _, _ = await _agent_session(ws, _Scripted(["D_MODEL", "D_MODEL"], seed=3), n=2, mechanisms=False)
+    by_desc = {a.description: a for a in a1.attempts}
+    assert set(by_desc) == {"D_MODEL 128 -> 256", "D_MODEL 128 -> 64"}   # both directions, in some order
+    crash = by_desc["D_MODEL 128 -> 256"]
+    assert crash.status == "crash" and crash.verdict == "discard"           # recorded, and the loop moved on
+    with Engine(ws.root, recover=False) as eng:
+        notes = eng.ledger.notes(eng.campaign["id"])
+        assert any(n["kind"] == "dead_end" and "D_MODEL 128 -> 256" in n["text"] and n["experiment_id"]
+                   == crash.experiment_id for n in notes)
+    # a new session replays the history: both x2 steps failed, so it tries a smaller step, not a repeat
+    a2, _, _ = await _agent_session(ws, _Scripted(["D_MODEL"], seed=3), n=1, mechanisms=False)
+    assert a2.attempts[0].description.startswith("D_MODEL 128 -> ")
+    assert a2.attempts[0].description not in by_desc
+
+
+async def test_agent_stops_on_budget_and_deadline(tmp_path, small_corpus, monkeypatch):
+    import time as _time
+
+    _fake_runs(monkeypatch, _objective)
+    ws = make_workspace(tmp_path / "ws", small_corpus, budget={"max_experiments": 4})
+    agent, reason, _ = await _agent_session(ws, Planner(0), n=None)
+    assert reason.startswith("budget: experiment budget spent (4/4)")
+    assert len(agent.attempts) == 2          # 2 baseline seeds + 2 experiments
+    ws2 = make_workspace(tmp_path / "ws2", small_corpus)
+    agent, reason, _ = await _agent_session(ws2, Planner(0), n=None, deadline=_time.monotonic() - 1)
+    assert reason.startswith("session time budget") and agent.attempts == []
