@@ -1,0 +1,144 @@
+"""Ablation: the built-in agent with and without the search mechanisms (tabu, plateau, bandit).
+
+    python bench/perf/ablation_mechanisms.py                      # 3 repeats x 2 arms x 10 experiments
+    python bench/perf/ablation_mechanisms.py --repeats 5 -n 12 --out results.json
+
+Each campaign is a fresh workspace on the bundled benchmark (stdlib corpus), the
+same budget for both arms, and the same agent seed for the two arms of a repeat
+(so the arms differ only in whether suggest_next is consulted). Arms are
+interleaved (off, on, off, on, ...) so that changes in machine load hit both.
+
+The figure of merit is the Bilevel Autoresearch one: Δ = best − baseline val_bpb
+at the end of the campaign (negative = improvement; 0 when nothing was kept),
+reported as mean ± SD over repeats.
+
+By default training is bounded by a step count (MAX_STEPS, written into the
+benchmark copy and not tunable by the agent) as well as by the time budget, so
+that an outcome does not depend on how busy this shared machine is (the time
+budget, 60 s, is then only a cap), and the copy trains on one torch thread
+(two threads thrash when other jobs share the 2 cores). Pass --steps 0
+--threads 0 for the benchmark as written: time-bounded, as in autoresearch.
+"""
+import argparse
+import json
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from mcp_server.proposer import run_builtin, set_constant  # noqa: E402
+from mcp_server.workspace import bench_source_dir, init_workspace  # noqa: E402
+
+
+def bench_copy(dest: Path, steps: int, batch: int | None, threads: int) -> Path:
+    src = bench_source_dir()
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in ("prepare.py", "program.md", "train.py"):
+        shutil.copyfile(src / name, dest / name)
+    text = set_constant((dest / "train.py").read_text(), "MAX_STEPS", steps)
+    if batch:
+        text = set_constant(text, "BATCH_SIZE", batch)
+    if threads:
+        # One thread: on a busy 2-core machine two threads thrash (measured 2-7 s per step vs 0.85 s)
+        text, n = re.subn(r"torch\.set_num_threads\([^\n]*\)\n", f"torch.set_num_threads({threads})\n", text, count=1)
+        if n != 1:
+            raise SystemExit("bundled train.py has no torch.set_num_threads(...) line to pin")
+    (dest / "train.py").write_text(text)
+    return dest
+
+
+def campaign(tmp: Path, args, mechanisms: bool, repeat: int) -> dict:
+    tag = f"{'mech' if mechanisms else 'plain'}{repeat}"
+    root = tmp / tag
+    overrides = {"benchmark": {"eval_tokens": args.eval_tokens, "grace_seconds": 45.0},
+                 "noise": {"baseline_seeds": args.baseline_seeds},
+                 "budget": {"max_experiments": args.baseline_seeds + 3 * args.n, "max_hours": 10.0}}
+    t0 = time.monotonic()
+    init_workspace(root, tag=tag, corpus=args.corpus, time_budget=args.time_budget, overrides=overrides,
+                   bench_dir=bench_copy(tmp / f"bench-{tag}", args.steps, args.batch, args.threads))
+
+    skipped = [0]
+
+    def log(kind, d):
+        if kind == "skip":
+            skipped[0] += 1
+        elif kind == "experiment_end":
+            a = d["attempt"]
+            print(f"    [{tag}] {a.description:32s} {a.status:8s} {a.verdict or '':8s} "
+                  f"{a.val_bpb if a.val_bpb is not None else float('nan'):.4f}  {a.seconds:.0f}s", flush=True)
+        elif kind == "baseline":
+            b = d["result"].get("baseline") or {}
+            print(f"    [{tag}] baseline {b.get('mean', float('nan')):.4f} ± {b.get('sigma', 0):.4f}", flush=True)
+
+    res = run_builtin(root, n=args.n, mechanisms=mechanisms, seed=repeat, observer=log)
+    base, best = res.baseline, res.best
+    out = {"arm": "mechanisms" if mechanisms else "plain", "repeat": repeat, "baseline": base, "best": best,
+           "delta": None if base is None or best is None else best - base, "kept": res.kept,
+           "crashed": sum(a.status != "ok" for a in res.attempts), "experiments": len(res.attempts),
+           "skipped": skipped[0], "stopped": res.stopped_because, "seconds": round(time.monotonic() - t0, 1),
+           "workspace": str(root)}
+    print(f"  {tag}: Δ {out['delta'] if out['delta'] is not None else float('nan'):+.4f}, kept {out['kept']}, "
+          f"crashed {out['crashed']}, skipped {out['skipped']}, {out['seconds']:.0f} s", flush=True)
+    return out
+
+
+def summarise(runs: list[dict]) -> str:
+    lines = ["| Method | Δ val_bpb (best − baseline) | kept / campaign | crashed / campaign | runs |",
+             "|---|---|---|---|---|"]
+    for arm, label in (("plain", "Built-in agent, hill climb only"),
+                       ("mechanisms", "Built-in agent + mechanisms (tabu, plateau, bandit)")):
+        rs = [r for r in runs if r["arm"] == arm and r["delta"] is not None]
+        if not rs:
+            continue
+        d = [r["delta"] for r in rs]
+        sd = statistics.stdev(d) if len(d) > 1 else 0.0
+        lines.append(f"| {label} | {statistics.fmean(d):+.4f} ± {sd:.4f} | "
+                     f"{statistics.fmean(r['kept'] for r in rs):.1f} | {statistics.fmean(r['crashed'] for r in rs):.1f} "
+                     f"| {len(rs)} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("-n", type=int, default=10, help="experiments per campaign (after the baseline)")
+    p.add_argument("--time-budget", type=float, default=60.0, help="training seconds per experiment (a cap)")
+    p.add_argument("--steps", type=int, default=20, help="MAX_STEPS of the benchmark copy (0 = time-bounded)")
+    p.add_argument("--batch", type=int, default=8, help="starting BATCH_SIZE of the benchmark copy")
+    p.add_argument("--threads", type=int, default=1, help="torch threads of the benchmark copy (0 = as written)")
+    p.add_argument("--eval-tokens", type=int, default=8192)
+    p.add_argument("--baseline-seeds", type=int, default=2)
+    p.add_argument("--corpus", default="stdlib")
+    p.add_argument("--out", type=Path, default=None, help="write every campaign's figures as JSON here")
+    p.add_argument("--keep-workspaces", action="store_true")
+    args = p.parse_args()
+    if args.repeats < 1 or args.n < 1:
+        p.error("--repeats and -n must be >= 1")
+
+    tmp = Path(tempfile.mkdtemp(prefix="loopwright-ablation-"))
+    runs: list[dict] = []
+    t0 = time.monotonic()
+    print(f"ablation: {args.repeats} repeats x 2 arms, {args.n} experiments each, time budget {args.time_budget} s, "
+          f"MAX_STEPS {args.steps}, workspaces under {tmp}", flush=True)
+    try:
+        for r in range(args.repeats):
+            for mech in (False, True):
+                runs.append(campaign(tmp, args, mech, r))
+                if args.out:
+                    args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
+                                                    "runs": runs}, indent=2))
+    finally:
+        if not args.keep_workspaces:
+            shutil.rmtree(tmp, ignore_errors=True)
+    print(f"\n{summarise(runs)}\n\ntotal {time.monotonic() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
