@@ -20,6 +20,8 @@ What a session gets:
   project's `.codex/config.toml` only for trusted projects, has no `required` in it, and its
   hook matcher is shorter than the guard's): `required = true` (the server is up before the
   first model call), `tool_timeout_sec` = the session limit (an experiment trains for minutes),
+  `default_tools_approval_mode = "approve"` (score and revert are annotated destructive, and
+  with approvals off Codex refuses tools that would need one),
   hooks trusted for the run (`--dangerously-bypass-hook-trust`), `-s workspace-write`.
 - **Unattended permissions.** Claude: `--permission-mode acceptEdits` plus `--allowedTools`
   for the loopwright tools, Read/Edit/Write/Glob/Grep/Bash (the guard checks each call);
@@ -28,7 +30,8 @@ What a session gets:
   wall-clock limit, after which the whole process group is killed (exit code 124).
   `CLAUDE_CODE_STOP_HOOK_BLOCK_CAP=0` (unless set): the guard's Stop hook bounds itself
   (LOOPWRIGHT_STOP_MAX_IDLE_BLOCKS) and must not be cut off after 8 blocks mid-campaign.
-  `MCP_CONNECTION_NONBLOCKING=false`: claude waits for the server before its first turn.
+  `MCP_CONNECTION_NONBLOCKING=false` and `MCP_CONNECT_TIMEOUT_MS=60000`: claude waits for the
+  server (up to 60 s instead of 5 s; the Python server takes seconds to start) before its first turn.
 - **A record.** One `sessions` row (start, end, exit code, turns, cost, a short detail JSON)
   whatever happens (clean exit, crash, kill at the limit, Ctrl-C), the client's output in
   `.loopwright/sessions/<id>-<agent>/` with secret values masked, and a `session_end`
@@ -282,6 +285,8 @@ def codex_overrides(root: Path, python: str, tool_timeout_s: float) -> list[str]
         f"mcp_servers.{MCP_SERVER}.required": True,
         f"mcp_servers.{MCP_SERVER}.startup_timeout_sec": 60,
         f"mcp_servers.{MCP_SERVER}.tool_timeout_sec": int(max(tool_timeout_s, 600)),
+        # score and revert are marked destructive: with approvals off, Codex would refuse them
+        f"mcp_servers.{MCP_SERVER}.default_tools_approval_mode": "approve",
         "hooks.PreToolUse": hook("pre-tool-use", HOOK_MATCHER, 30),
         "hooks.Stop": hook("stop", None, 60),
         "hooks.SessionStart": hook("session-start", "startup|resume", 60),
@@ -441,6 +446,7 @@ def client_env(session_id: int, root: Path, base: Optional[dict[str, str]] = Non
     env = dict(os.environ if base is None else base)
     env.setdefault("CLAUDE_CODE_STOP_HOOK_BLOCK_CAP", "0")
     env["MCP_CONNECTION_NONBLOCKING"] = "false"
+    env.setdefault("MCP_CONNECT_TIMEOUT_MS", "60000")   # how long that wait may take (claude's default: 5 s)
     env["LOOPWRIGHT_SESSION_ID"] = str(session_id)
     env["LOOPWRIGHT_WORKSPACE"] = str(root)
     env.setdefault("PYTHONUNBUFFERED", "1")

@@ -1,0 +1,218 @@
+"""loopwright inside the real Claude Code and Codex, with the plugin installed, driven offline
+by the scripted fake model (tests/realclients).
+
+Each session plays one research step in a fast workspace whose baseline is recorded and whose
+budget allows one more experiment: a write to prepare.py is denied (file unchanged), an edit
+of train.py goes through, the agent tries to stop and the Stop hook sends it back (budget
+remains), run_experiment trains a real model over MCP and score judges it (both in the ledger),
+and the second stop is let through because the budget is spent.
+
+Claude Code loads the repository with --plugin-dir (its .mcp.json + hooks/hooks.json). Codex
+installs a clean checkout as a plugin marketplace in an isolated CODEX_HOME
+(`codex plugin marketplace add` + `codex plugin add loopwright@loopwright`) and uses
+.codex-plugin/mcp.json + hooks/hooks.json; the server finds the workspace by itself.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from e2e_support import (REPO, clean_checkout, experiments, fast_workspace, git, h, install_codex_plugin,
+                         run_codex_with_plugins, seed_baseline)
+from mcp_server.launch import MCP_TOOLS
+from realclients.fake_anthropic import ToolUse
+from realclients.fake_openai import ApplyPatch, FakeOpenAI, McpCall, Message
+
+pytestmark = [pytest.mark.realclient, pytest.mark.slow]
+
+PLUGIN_TOOL = "mcp__plugin_loopwright_loopwright__"
+OLD_LR, NEW_LR = "LR = 0.0002", "LR = 0.004"
+STOP_FIRST = "I will stop here."
+
+
+def _frozen_snapshot(root: Path) -> bytes:
+    return (root / "prepare.py").read_bytes()
+
+
+def _check_ledger_after_one_candidate(root: Path, verdict: str) -> dict:
+    rows = experiments(root)
+    assert [r["is_baseline"] for r in rows] == [1, 0], rows
+    cand = rows[1]
+    assert cand["status"] == "ok" and cand["val_bpb"] is not None, cand
+    assert cand["verdict"] == verdict
+    assert NEW_LR in git(root, "show", f"{cand['commit_sha']}:train.py")   # the edit is what was trained
+    return cand
+
+
+def _budget_spent(root: Path) -> bool:
+    from mcp_server.engine import Engine
+
+    eng = Engine(root, recover=False)
+    try:
+        return eng.budget().should_stop
+    finally:
+        eng.close()
+
+
+# --------------------------------------------------------------------------- Claude Code
+
+@pytest.mark.timeout(420)
+def test_claude_code_plugin_runs_the_loop(tmp_path, small_corpus):
+    root = fast_workspace(tmp_path, small_corpus)
+    seed_baseline(root)
+    prepare, train = root / "prepare.py", root / "train.py"
+    before = _frozen_snapshot(root)
+    seen: dict = {}
+
+    def after_stop_attempt(req):
+        feedback = req.user_texts_after_last_assistant()
+        assert "Stop hook feedback" in feedback and "Budget remains" in feedback, feedback
+        return ToolUse(PLUGIN_TOOL + "run_experiment", {"description": "normal learning rate",
+                                                        "hypothesis": "LR 2e-4 is far too low"})
+
+    def after_run(req):
+        res = req.last_tool_results()[0]
+        assert not res.is_error, res.text
+        seen["run"] = json.loads(res.text)
+        return ToolUse(PLUGIN_TOOL + "score", {"experiment_id": seen["run"]["experiment_id"]})
+
+    def after_score(req):
+        res = req.last_tool_results()[0]
+        assert not res.is_error, res.text
+        seen["score"] = json.loads(res.text)
+        return "The budget is spent; done."
+
+    script = [
+        ToolUse("Read", {"file_path": str(prepare)}),
+        ToolUse("Write", {"file_path": str(prepare), "content": "# nothing to see\n"}),
+        ToolUse("Read", {"file_path": str(train)}),
+        ToolUse("Edit", {"file_path": str(train), "old_string": OLD_LR, "new_string": NEW_LR}),
+        STOP_FIRST,
+        after_stop_attempt,
+        after_run,
+        after_score,
+    ]
+    run = h.run_claude(root, script, plugin_dir=REPO, timeout=360,
+                       extra_env={"LOOPWRIGHT_PYTHON": sys.executable, "CLAUDE_CODE_STOP_HOOK_BLOCK_CAP": "0",
+                                  "MCP_CONNECT_TIMEOUT_MS": "60000"}).check()
+
+    init = run.of_type("system", "init")[0]
+    assert {"name": "plugin:loopwright:loopwright", "status": "connected"} in init["mcp_servers"], init["mcp_servers"]
+    # the frozen file: denied by the plugin's PreToolUse hook, unchanged on disk
+    denied = run.tool_result("toolu_lw_01_0")
+    assert denied.is_error and "prepare.py is the frozen evaluator" in denied.text, denied.text
+    assert _frozen_snapshot(root) == before
+    assert [d["tool_use_id"] for d in run.result["permission_denials"]] == ["toolu_lw_01_0"]
+    # the editable file: allowed, then committed and trained by run_experiment over MCP
+    assert not run.tool_result("toolu_lw_03_0").is_error
+    assert seen["run"]["status"] == "ok" and seen["run"]["val_bpb"] > 0
+    assert seen["score"]["verdict"] in ("keep", "discard", "retest")
+    _check_ledger_after_one_candidate(root, seen["score"]["verdict"])
+    # Stop: blocked while budget remained, let through once it was spent
+    stops = run.hook_events("Stop")
+    assert len(stops) == 2, [s.get("stdout") for s in stops]
+    assert json.loads(stops[0]["stdout"])["decision"] == "block"
+    assert "block" not in (stops[1].get("stdout") or "")
+    assert run.final_text == "The budget is spent; done." and _budget_spent(root)
+
+
+# --------------------------------------------------------------------------- Codex
+
+def _codex_flow(state: dict):
+    """One callable for every turn: what to do next follows from what the client sent back (the
+    plugin's MCP server starts in the background, so an early call may find it not ready yet)."""
+    patch = "*** Begin Patch\n*** Update File: {f}\n@@\n-{a}\n+{b}\n*** End Patch\n"
+    lr_line = state["lr_line"]
+
+    def step(req):
+        out = {o.call_id: o.text for o in req.tool_outputs()}
+        said_stop = any(STOP_FIRST in json.dumps(item) for item in req.input if item.get("role") == "assistant")
+        if "deny_prepare" not in out:
+            return ApplyPatch(patch.format(f="prepare.py", a="import os", b="import os  # changed"), "deny_prepare")
+        if "edit_train" not in out:
+            return ApplyPatch(patch.format(f="train.py", a=lr_line, b=lr_line.replace(OLD_LR, NEW_LR)), "edit_train")
+        if not said_stop:
+            return Message(STOP_FIRST)
+        if "stop_feedback" not in state:
+            state["stop_feedback"] = req.user_texts_after_last_model_item()
+        runs = sorted(k for k in out if k.startswith("run_"))
+        if not runs or "unsupported call" in out[runs[-1]]:
+            if len(runs) >= 30:
+                raise AssertionError(f"the loopwright MCP server never came up: {out[runs[-1]]}")
+            if runs:
+                import time
+                time.sleep(1)
+            return McpCall("loopwright", "run_experiment", {"description": "normal learning rate"},
+                           call_id=f"run_{len(runs):02d}")
+        if "score" not in out:
+            state["run"] = out[runs[-1]]
+            return McpCall("loopwright", "score", {}, call_id="score")
+        state["score"] = out["score"]
+        return Message("The budget is spent; done.")
+
+    return step
+
+
+@pytest.mark.timeout(420)
+def test_codex_plugin_runs_the_loop(tmp_path, small_corpus):
+    root = fast_workspace(tmp_path, small_corpus)
+    seed_baseline(root)
+    before = _frozen_snapshot(root)
+    lr_line = next(line for line in (root / "train.py").read_text().splitlines() if line.startswith(OLD_LR))
+    run_dir = tmp_path / "codex-run"
+    run_dir.mkdir()
+    installed = install_codex_plugin(run_dir, clean_checkout(tmp_path / "loopwright-clone"))
+    state: dict = {"lr_line": lr_line}
+    fake = FakeOpenAI([_codex_flow(state)] * 45)
+    # No LOOPWRIGHT_WORKSPACE: the plugin's launcher takes the workspace from `codex -C`.
+    run = run_codex_with_plugins(root, fake, run_dir, installed, timeout=360, cwd=tmp_path,
+                                 extra_env={"LOOPWRIGHT_PYTHON": sys.executable}).check(allow_exhausted=False)
+
+    denied = run.tool_result("deny_prepare").text
+    assert "blocked by PreToolUse hook" in denied and "prepare.py is the frozen evaluator" in denied, denied
+    assert _frozen_snapshot(root) == before
+    assert "Success" in run.tool_result("edit_train").text
+    assert "Budget remains" in state["stop_feedback"], state["stop_feedback"]
+    result = json.loads(state["run"].split("Output:", 1)[1])
+    assert result["status"] == "ok" and result["val_bpb"] > 0, result
+    verdict = json.loads(state["score"].split("Output:", 1)[1])["verdict"]
+    _check_ledger_after_one_candidate(root, verdict)
+    calls = [i for i in run.items("mcp_tool_call") if i.get("status") == "completed"]
+    assert [(c["server"], c["tool"]) for c in calls][-2:] == [("loopwright", "run_experiment"), ("loopwright", "score")]
+    assert run.final_text == "The budget is spent; done." and _budget_spent(root)
+
+
+# --------------------------------------------------------------------------- other real clients
+
+@pytest.fixture(scope="module")
+def plain_ws(tmp_path_factory, small_corpus) -> Path:
+    return fast_workspace(tmp_path_factory.mktemp("plain"), small_corpus)
+
+
+def test_claude_plugin_validate(tmp_path):
+    marketplace = h.claude_cli(["plugin", "validate", str(REPO)], run_dir=tmp_path)
+    assert marketplace.exit_code == 0 and "Validation passed" in marketplace.stdout, marketplace.stdout + marketplace.stderr
+    plugin = h.claude_cli(["plugin", "validate", str(REPO / ".claude-plugin" / "plugin.json")], run_dir=tmp_path)
+    assert plugin.exit_code == 0 and "Validation passed" in plugin.stdout, plugin.stdout + plugin.stderr
+
+
+def test_claude_mcp_list_shows_loopwright_connected(tmp_path, plain_ws):
+    serve = [sys.executable, "-m", "mcp_server.cli", "serve", "--workspace", str(plain_ws)]
+    added = h.claude_cli(["mcp", "add", "loopwright", "--", *serve], run_dir=tmp_path, cwd=plain_ws)
+    assert added.exit_code == 0, added.stderr
+    listed = h.claude_cli(["mcp", "list"], run_dir=tmp_path, cwd=plain_ws)
+    line = next((ln for ln in listed.stdout.splitlines() if ln.startswith("loopwright:")), "")
+    assert listed.exit_code == 0 and "Connected" in line and str(plain_ws) in line, listed.stdout + listed.stderr
+
+
+def test_mcp_inspector_lists_and_calls_the_tools(plain_ws):
+    serve = [sys.executable, "-m", "mcp_server.cli", "serve", "--workspace", str(plain_ws)]
+    tools, proc = h.run_inspector(serve)
+    assert tools is not None, proc.stdout + proc.stderr
+    assert sorted(t["name"] for t in tools["tools"]) == sorted(MCP_TOOLS)
+    budget, proc = h.run_inspector(serve, method="tools/call", tool_name="budget_check")
+    assert budget is not None and not budget.get("isError"), proc.stdout + proc.stderr
+    assert budget["structuredContent"]["experiments_left"] == 2
