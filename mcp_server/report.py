@@ -124,11 +124,11 @@ class PlotInfo:
 
 def plot_progress(data: ReportData, path: Path) -> PlotInfo:
     """x = experiment number, y = val_bpb: grey discards, green annotated keeps, red crashes, best line."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # The object API, not pyplot: no global state, so the server's notifier thread can draw safely.
+    from matplotlib.figure import Figure
 
-    fig, ax = plt.subplots(figsize=(12, 6.5), dpi=110)
+    fig = Figure(figsize=(12, 6.5), dpi=110)
+    ax = fig.subplots()
     ok = [p for p in data.points if p.val_bpb is not None]
     vals = [p.val_bpb for p in ok] + data.baseline
     if vals:
@@ -180,7 +180,6 @@ def plot_progress(data: ReportData, path: Path) -> PlotInfo:
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
-    plt.close(fig)
     return PlotInfo(path, data.title, data.n, len(data.kept), len(data.crashed))
 
 
