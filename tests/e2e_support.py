@@ -76,7 +76,10 @@ def clean_checkout(dest: Path) -> Path:
 def install_codex_plugin(run_dir: Path, source: Path) -> dict:
     """`codex plugin marketplace add SOURCE` + `codex plugin add loopwright@loopwright` into
     run_dir/codex-home; returns the config.toml tables they wrote (marketplaces, plugins)."""
-    import tomllib
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
 
     exe = h.require_binary("codex")
     env = h.codex_env(run_dir)

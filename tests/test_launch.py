@@ -1,0 +1,365 @@
+"""mcp_server.launch: headless sessions of the real claude / codex (scripted fake model) and
+the built-in agent, started by a cron fire or `loopwright launch`, recorded in the ledger.
+
+The realclient tests start sessions the way the cron daemon does (Scheduler + default_starter
+with an injected clock): the launcher reads the client settings from the process environment,
+which each test points at a fake model server in an isolated HOME / CLAUDE_CONFIG_DIR /
+CODEX_HOME. IS_SANDBOX is removed: the launcher must work as root without bypassPermissions.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+from e2e_support import REPO, experiments, fast_workspace, h, seed_baseline, use_environment
+from mcp_server import launch
+from mcp_server.config import ScheduleConfig
+from mcp_server.launch import LaunchError, launch_session
+from mcp_server.triggers.cron import Scheduler, default_starter
+from mcp_server.workspace import Workspace
+from realclients.fake_anthropic import FakeAnthropic, ToolUse
+from realclients.fake_openai import ApplyPatch, FakeOpenAI, McpCall
+
+OLD_LR, NEW_LR = "LR = 0.0002", "LR = 0.004"
+SECRET = "lw-secret-3f9c1d7e2b"
+
+
+def _sessions(root: Path) -> list[dict]:
+    with Workspace.open(root).ledger() as ledger:
+        return ledger.sessions()
+
+
+def _session_end_events(root: Path) -> list[dict]:
+    with Workspace.open(root).ledger() as ledger:
+        return ledger.events(kind="session_end")
+
+
+def _log_events(root: Path, session: dict) -> list[dict]:
+    log = root / json.loads(session["detail"])["log"] / "events.jsonl"
+    return [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+
+
+def _tree_contains(root: Path, needle: bytes) -> list[str]:
+    return [str(p) for p in root.rglob("*") if p.is_file() and needle in p.read_bytes()]
+
+
+def _live_processes_with(**wanted: str) -> list[int]:
+    """Live processes whose environment has all of wanted (the session's group leaves none)."""
+    found = []
+    needles = {f"{k}={v}".encode() for k, v in wanted.items()}
+    for env in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if needles <= set(env.read_bytes().split(b"\0")):
+                stat = (env.parent / "stat").read_text().rsplit(")", 1)[1].split()
+                if stat[0] not in ("Z", "X"):
+                    found.append(int(env.parent.name))
+        except (OSError, IndexError):
+            continue
+    return found
+
+
+# --------------------------------------------------------------------------- pure functions
+
+def test_hook_matcher_is_the_plugins():
+    hooks = json.loads((REPO / "hooks" / "hooks.json").read_text())["hooks"]
+    assert hooks["PreToolUse"][0]["matcher"] == launch.HOOK_MATCHER
+
+
+def test_codex_overrides_parse_as_toml_and_wire_server_and_hooks(tmp_path):
+    args = launch.codex_overrides(tmp_path, "/opt/py 3/bin/python", 900)
+    pairs = dict(a.split("=", 1) for a in args[1::2])
+    assert args[0::2] == ["-c"] * len(pairs)
+    parsed = {k: tomllib.loads(f"v = {v}")["v"] for k, v in pairs.items()}
+    assert parsed["mcp_servers.loopwright.command"] == "/opt/py 3/bin/python"
+    assert parsed["mcp_servers.loopwright.args"][-2:] == ["--workspace", str(tmp_path)]
+    assert parsed["mcp_servers.loopwright.required"] is True
+    assert parsed["mcp_servers.loopwright.tool_timeout_sec"] == 900
+    assert parsed["mcp_servers.loopwright.default_tools_approval_mode"] == "approve"
+    pre = parsed["hooks.PreToolUse"][0]
+    assert pre["matcher"] == launch.HOOK_MATCHER
+    assert pre["hooks"][0]["command"] == "'/opt/py 3/bin/python' -m mcp_server.guard pre-tool-use"
+    assert parsed["hooks.Stop"][0]["hooks"][0]["command"].endswith("mcp_server.guard stop")
+
+
+def test_redactor_masks_secret_environment_values():
+    redact = launch.Redactor({"MY_API_KEY": SECRET, "GITHUB_TOKEN": "ghp_abcdef123", "HOME": "/home/x",
+                              "SHORT_TOKEN": "abc"})
+    text = f"key={SECRET} gh=ghp_abcdef123 home=/home/x short=abc"
+    assert redact(text) == "key=*** gh=*** home=/home/x short=abc"
+
+
+def test_codex_cost_from_usage_and_price():
+    price = launch.parse_price("input=2, cached_input=0.5, output=8")
+    p = launch.CodexParser(price)
+    for ev in ({"type": "item.completed", "item": {"type": "error"}},
+               {"type": "item.completed", "item": {"type": "mcp_tool_call"}},
+               {"type": "item.completed", "item": {"type": "agent_message"}},
+               {"type": "turn.completed", "usage": {"input_tokens": 1_000_000, "cached_input_tokens": 400_000,
+                                                     "output_tokens": 10_000}}):
+        p.feed(ev)
+    out = p.outcome()
+    assert out.cost_usd == pytest.approx(0.6 * 2 + 0.4 * 0.5 + 0.01 * 8)
+    assert out.turns == 2 and out.info["usage"]["input_tokens"] == 1_000_000
+    assert launch.CodexParser(None).outcome().cost_usd == 0.0
+    with pytest.raises(LaunchError, match="unknown key 'dollars'"):
+        launch.parse_price("dollars=3")
+
+
+def test_claude_command_line(tmp_path):
+    (tmp_path / ".claude").mkdir()
+    (tmp_path / ".claude" / "settings.json").write_text("{}")
+    (tmp_path / ".mcp.json").write_text("{}")
+    argv = launch.claude_argv("claude", tmp_path, "go", 1.25, ["--model", "sonnet"])
+    assert argv[:3] == ["claude", "-p", "go"]
+    flag = {a: argv[i + 1] for i, a in enumerate(argv[:-1]) if a.startswith("--")}
+    assert flag["--permission-mode"] == "acceptEdits" and flag["--setting-sources"] == "project"
+    assert flag["--mcp-config"] == str(tmp_path / ".mcp.json") and "--strict-mcp-config" in argv
+    assert flag["--max-budget-usd"] == "1.2500" and flag["--output-format"] == "stream-json"
+    allowed = flag["--allowedTools"].split(",")
+    assert {f"mcp__loopwright__{t}" for t in launch.MCP_TOOLS} <= set(allowed) and "Edit" in allowed
+    assert argv[-2:] == ["--model", "sonnet"]
+    assert "--max-budget-usd" not in launch.claude_argv("claude", tmp_path, "go", None, [])
+    (tmp_path / ".mcp.json").unlink()
+    with pytest.raises(LaunchError, match="lacks .mcp.json"):
+        launch.claude_argv("claude", tmp_path, "go", None, [])
+
+
+# --------------------------------------------------------------------------- refusals (nothing starts)
+
+@pytest.fixture(scope="module")
+def idle_ws(tmp_path_factory, small_corpus) -> Path:
+    return fast_workspace(tmp_path_factory.mktemp("idle"), small_corpus)
+
+
+def test_refuses_when_the_budget_says_stop(idle_ws):
+    with Workspace.open(idle_ws).ledger() as ledger:
+        ledger.kv_set("stop_requested", "by the test")
+    try:
+        with pytest.raises(LaunchError, match=r"budget says stop \(stop requested: by the test\).*stop --clear"):
+            launch_session(idle_ws, "claude", trigger="cron")
+    finally:
+        with Workspace.open(idle_ws).ledger() as ledger, ledger.tx() as c:
+            c.execute("DELETE FROM kv WHERE key LIKE 'stop_requested%' OR key LIKE 'budget_spent%'")
+    assert _sessions(idle_ws) == [] and _session_end_events(idle_ws) == []
+
+
+def test_refuses_an_unknown_agent_or_a_missing_binary(idle_ws, monkeypatch, tmp_path):
+    with pytest.raises(LaunchError, match="unknown agent 'gpt'"):
+        launch_session(idle_ws, "gpt")
+    monkeypatch.setenv("LOOPWRIGHT_CODEX_BIN", str(tmp_path / "no-such-codex"))
+    with pytest.raises(LaunchError, match="LOOPWRIGHT_CODEX_BIN=.*no-such-codex is not an executable.*@openai/codex"):
+        launch_session(idle_ws, "codex")
+    monkeypatch.delenv("LOOPWRIGHT_CLAUDE_BIN", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(LaunchError, match="`claude` is not on PATH"):
+        launch_session(idle_ws, "claude")
+    assert _sessions(idle_ws) == []
+
+
+# --------------------------------------------------------------------------- cron fires, real clients
+
+def _fire_cron(root: Path, agent: str):
+    """A Scheduler with an injected clock: first tick initialises, the next one (an hour later)
+    starts the session for the 11:00 fire through the default starter (= launch_session)."""
+    schedule = ScheduleConfig(cron="0 * * * *", agent=agent, max_session_minutes=6)
+    now = [datetime(2026, 11, 30, 10, 30, tzinfo=timezone.utc).timestamp()]
+    ws = Workspace.open(root)
+    sched = Scheduler([schedule], ws.state_dir / "cron.json", ws.state_dir / "session.lock",
+                      default_starter(root), clock=lambda: now[0])
+    assert [r.outcome for r in sched.run_once()] == ["initialized"]
+    now[0] += 3600
+    results = sched.run_once()
+    assert [r.outcome for r in results] == ["started"], results
+    return results[0]
+
+
+def _check_recorded(root: Path, agent: str, *, turns: int, cost: float) -> dict:
+    (session,) = _sessions(root)
+    assert (session["agent"], session["trigger"], session["exit_code"]) == (agent, "cron", 0), session
+    assert session["ended_at"] >= session["started_at"]
+    assert session["turns"] == turns and session["cost_usd"] == pytest.approx(cost)
+    detail = json.loads(session["detail"])
+    assert detail["trigger_detail"] == "cron '0 * * * *' (UTC) fire 2026-11-30T11:00:00+00:00"
+    rows = experiments(root)
+    assert len(rows) == 2 and rows[1]["status"] == "ok" and rows[1]["verdict"] in ("keep", "discard", "retest")
+    (event,) = _session_end_events(root)
+    assert event["payload"] == {"agent": agent, "trigger": "cron", "exit_code": 0, "cost_usd": session["cost_usd"],
+                                "turns": turns, "experiments": 1, "kept": int(rows[1]["verdict"] == "keep")}
+    return session
+
+
+@pytest.mark.realclient
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_cron_fire_runs_a_claude_session(tmp_path, small_corpus, monkeypatch):
+    root = fast_workspace(tmp_path, small_corpus)
+    seed_baseline(root)
+    train = root / "train.py"
+    t = "mcp__loopwright__"
+    script = [
+        ToolUse(t + "state_read", {"view": "summary"}),
+        ToolUse("Bash", {"command": "echo token=$LW_TEST_API_TOKEN"}),
+        ToolUse("Read", {"file_path": str(train)}),
+        ToolUse("Edit", {"file_path": str(train), "old_string": OLD_LR, "new_string": NEW_LR}),
+        ToolUse(t + "run_experiment", {"description": "normal learning rate"}),
+        lambda req: ToolUse(t + "score", {"experiment_id": json.loads(req.last_tool_results()[0].text)["experiment_id"]}),
+        "Budget spent; stopping.",
+    ]
+    with FakeAnthropic(script) as fake:
+        env = h.claude_env(tmp_path / "client", fake.url, {"LOOPWRIGHT_CLAUDE_BIN": h.require_binary("claude"),
+                                                           "LW_TEST_API_TOKEN": SECRET})
+        env.pop("IS_SANDBOX")
+        use_environment(monkeypatch, env)
+        _fire_cron(root, "claude")
+    assert not fake.errors, fake.errors
+    assert fake.turns_served == list(range(len(script))), fake.turns_served
+
+    events = _log_events(root, _sessions(root)[0])
+    init = next(e for e in events if e.get("subtype") == "init")
+    assert init["permissionMode"] == "acceptEdits"
+    assert init["mcp_servers"] == [{"name": "loopwright", "status": "connected"}]   # the workspace's .mcp.json
+    result = next(e for e in events if e.get("type") == "result")
+    assert result["subtype"] == "success" and not result["permission_denials"]
+    assert result["total_cost_usd"] > 0          # computed by claude from the fake's token counts
+    _check_recorded(root, "claude", turns=result["num_turns"], cost=result["total_cost_usd"])
+    # the edit went through and was trained; the secret the agent printed is masked in every record
+    assert NEW_LR in train.read_text() or experiments(root)[1]["verdict"] != "keep"
+    assert "token=***" in json.dumps(events)
+    assert _tree_contains(root / ".loopwright", SECRET.encode()) == []
+
+
+@pytest.mark.realclient
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_cron_fire_runs_a_codex_session(tmp_path, small_corpus, monkeypatch):
+    import tomli_w
+
+    root = fast_workspace(tmp_path, small_corpus)
+    seed_baseline(root)
+    lr_line = next(line for line in (root / "train.py").read_text().splitlines() if line.startswith(OLD_LR))
+    patch = f"*** Begin Patch\n*** Update File: train.py\n@@\n-{lr_line}\n+{lr_line.replace(OLD_LR, NEW_LR)}\n*** End Patch\n"
+    script = [
+        McpCall("loopwright", "state_read", {"view": "summary"}),
+        ApplyPatch(patch),
+        McpCall("loopwright", "run_experiment", {"description": "normal learning rate"}),
+        McpCall("loopwright", "score", {}),
+        "Budget spent; stopping.",
+    ]
+    with FakeOpenAI(script) as fake:
+        env = h.codex_env(tmp_path / "client", {"LOOPWRIGHT_CODEX_BIN": h.require_binary("codex"),
+                                                "LOOPWRIGHT_CODEX_PRICE": "input=2,cached_input=0.5,output=8"})
+        env.pop("IS_SANDBOX", None)
+        config = h.codex_config(fake.url, config={"features": {"plugins": False, "shell_snapshot": False}})
+        (Path(env["CODEX_HOME"]) / "config.toml").write_text(tomli_w.dumps(config))
+        use_environment(monkeypatch, env)
+        _fire_cron(root, "codex")
+    assert not fake.errors, fake.errors
+    outputs = {o.call_id: o.text for o in fake.response_requests()[-1].tool_outputs()}
+    assert "Success" in outputs["call_lw_001_0"]
+    assert '"status":"ok"' in outputs["call_lw_002_0"].replace(" ", "")
+    assert '"verdict"' in outputs["call_lw_003_0"]    # score is annotated destructive: approved for the run
+
+    events = _log_events(root, _sessions(root)[0])
+    usage = {}
+    for e in events:
+        if e.get("type") == "turn.completed":
+            for k, v in e["usage"].items():
+                usage[k] = usage.get(k, 0) + v
+    cost = ((usage["input_tokens"] - usage["cached_input_tokens"]) * 2 + usage["cached_input_tokens"] * 0.5
+            + usage["output_tokens"] * 8) / 1e6
+    agent_items = [e for e in events if e.get("type") == "item.completed" and e["item"]["type"] != "error"]
+    session = _check_recorded(root, "codex", turns=len(agent_items), cost=cost)
+    assert json.loads(session["detail"])["usage"] == usage
+
+
+# --------------------------------------------------------------------------- failures are recorded too
+
+@pytest.mark.realclient
+@pytest.mark.timeout(200)
+def test_wall_clock_limit_kills_the_process_group_and_records_it(idle_ws, tmp_path):
+    """`loopwright launch` with a 0.25 min limit; the model never answers."""
+    release = threading.Event()
+
+    def stall(req):
+        release.wait(120)
+        return "too late"
+
+    before = len(_sessions(idle_ws))
+    with FakeAnthropic([stall]) as fake:
+        env = h.claude_env(tmp_path / "client", fake.url, {"LOOPWRIGHT_CLAUDE_BIN": h.require_binary("claude")})
+        env.pop("IS_SANDBOX")
+        try:
+            proc = subprocess.run([sys.executable, "-m", "mcp_server.cli", "launch", "--agent", "claude",
+                                   "-w", str(idle_ws), "--max-minutes", "0.25"],
+                                  env=env, capture_output=True, text=True, timeout=150)
+        finally:
+            release.set()
+    sessions = _sessions(idle_ws)[before:]
+    assert len(sessions) == 1, sessions
+    s = sessions[0]
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"session {s['id']} (claude, manual): exit 124" in proc.stdout and "wall-clock limit" in proc.stdout
+    assert s["exit_code"] == 124 and s["trigger"] == "manual"
+    assert 14 <= s["ended_at"] - s["started_at"] < 60
+    detail = json.loads(s["detail"])
+    assert detail["killed"].startswith("wall-clock limit of 0.25 min") and detail["result"] is None
+    assert _live_processes_with(LOOPWRIGHT_SESSION_ID=str(s["id"]), LOOPWRIGHT_WORKSPACE=str(idle_ws)) == []   # client, MCP server, hooks: gone
+    assert len(fake.message_requests()) >= 1                                # it did reach the model
+    assert _session_end_events(idle_ws)[-1]["payload"]["exit_code"] == 124
+
+
+@pytest.mark.realclient
+@pytest.mark.timeout(200)
+def test_a_client_that_fails_is_recorded_with_its_exit_code(idle_ws, tmp_path, monkeypatch):
+    import tomli_w
+
+    def broken(req):
+        raise RuntimeError("model endpoint down")
+
+    before = len(_sessions(idle_ws))
+    with FakeOpenAI([broken]) as fake:
+        env = h.codex_env(tmp_path / "client", {"LOOPWRIGHT_CODEX_BIN": h.require_binary("codex")})
+        config = h.codex_config(fake.url, config={"features": {"plugins": False, "shell_snapshot": False}})
+        (Path(env["CODEX_HOME"]) / "config.toml").write_text(tomli_w.dumps(config))
+        use_environment(monkeypatch, env)
+        sid = launch_session(idle_ws, "codex", trigger="webhook", detail="github issue_comment",
+                             max_session_minutes=2)
+    (s,) = _sessions(idle_ws)[before:]
+    assert s["id"] == sid and s["exit_code"] not in (0, None) and s["trigger"] == "webhook"
+    detail = json.loads(s["detail"])
+    assert "model endpoint down" in detail.get("turn_failed", "") + detail.get("stderr_tail", ""), detail
+    assert detail["trigger_detail"] == "github issue_comment"
+    assert _session_end_events(idle_ws)[-1]["payload"]["exit_code"] == s["exit_code"]
+
+
+# --------------------------------------------------------------------------- the built-in agent
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_builtin_session_runs_the_proposer(tmp_path, small_corpus):
+    from mcp_server.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    if "run" not in sub.choices:
+        pytest.skip("`loopwright run --agent builtin` is not registered yet (mcp_server/proposer.py)")
+    root = fast_workspace(tmp_path, small_corpus)
+    seed_baseline(root)
+    sid = launch_session(root, "builtin", trigger="manual", max_session_minutes=5)
+    (s,) = _sessions(root)
+    assert s["id"] == sid and s["exit_code"] == 0, s
+    rows = experiments(root)
+    assert len(rows) == 2 and rows[1]["status"] == "ok" and rows[1]["verdict"] is not None
+    assert s["turns"] == 1 and s["cost_usd"] == 0
+    assert _session_end_events(root)[-1]["payload"]["experiments"] == 1
+    assert (root / json.loads(s["detail"])["log"] / "events.jsonl").is_file()   # its output, kept
