@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterable, Optional
 
 import anyio
 
-from .mechanisms.source import Constant, Value, all_constants, constant_values, tunable_constants
+from .mechanisms.source import Constant, Value, all_constants, constant_values, skeleton, tunable_constants
 
 # ---------------------------------------------------------------------------
 # Editing train.py: rewrite one literal on its line, nothing else.
@@ -203,7 +203,8 @@ class Planner:
 
     @staticmethod
     def _key(source: str) -> tuple:
-        return tuple(sorted(constant_values(source).items()))
+        # the code without constants, plus the constants: the same values on other code are a new point
+        return skeleton(source), tuple(sorted(constant_values(source).items()))
 
     def propose(self, source: str, category: Optional[str] = None,
                 preferred: Iterable[str] = ()) -> Optional[Edit]:
@@ -279,8 +280,7 @@ class Planner:
         values = {**constant_values(source), c.name: value}
         if not satisfies(values, constraints):
             return None
-        key = tuple(sorted(values.items()))
-        if key in self.tried:
+        if (skeleton(source), tuple(sorted(values.items()))) in self.tried:
             return None
         new_source = set_constant(source, c.name, value)
         old_txt, new_txt = format_value(c.value), format_value(value)
