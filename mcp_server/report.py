@@ -32,6 +32,7 @@ class Point:
     samples: int
     commit: str
     reason: str = ""
+    num_steps: Optional[int] = None
 
 
 @dataclass
@@ -47,6 +48,8 @@ class ReportData:
     kept: list[tuple[Point, float, float]]      # (point, delta vs previous best, delta vs baseline)
     best: Optional[Point]
     budget: dict = field(default_factory=dict)
+    sigma_floor: float = 0.0
+    baseline_steps: list[int] = field(default_factory=list)
 
     @property
     def n(self) -> int:
@@ -96,7 +99,7 @@ def collect(rows: list[dict], cfg: LoopwrightConfig, tag: str = "", budget: Opti
         tests = [x["test_bpb"] for x in runs if x["test_bpb"] is not None]
         points.append(Point(len(points) + 1, r["id"], r["description"], r["status"], r["verdict"], val,
                             statistics.fmean(tests) if tests else None, len(runs), (r["commit_sha"] or "")[:10],
-                            r["reason"] or r["verdict_reason"] or ""))
+                            r["reason"] or r["verdict_reason"] or "", r.get("num_steps")))
     kept = []
     best_val = statistics.fmean(baseline) if baseline else None
     best: Optional[Point] = None
@@ -107,7 +110,8 @@ def collect(rows: list[dict], cfg: LoopwrightConfig, tag: str = "", budget: Opti
             best_val, best = p.val_bpb, p
     return ReportData(tag, baseline, baseline_test, sigma,
                       verdictmod.threshold(sigma, cfg.noise, 1, max(1, len(baseline))), cfg.noise.min_delta,
-                      cfg.noise.k_sigma, points, kept, best, budget or {})
+                      cfg.noise.k_sigma, points, kept, best, budget or {}, cfg.noise.sigma_floor,
+                      [r["num_steps"] for r in base_rows if r.get("num_steps") is not None])
 
 
 # ---------------------------------------------------------------------------
@@ -148,8 +152,9 @@ def plot_progress(data: ReportData, path: Path) -> PlotInfo:
     disc = [p for p in ok if p.verdict != "keep"]
     inside = [p for p in disc if p.val_bpb <= ymax]
     above = [p for p in disc if p.val_bpb > ymax]
-    ax.scatter([p.number for p in inside], [p.val_bpb for p in inside], s=26, color="#b0b0b0",
-               zorder=2, label="discarded")
+    if inside:
+        ax.scatter([p.number for p in inside], [p.val_bpb for p in inside], s=26, color="#b0b0b0",
+                   zorder=2, label="discarded")
     if above:
         ax.scatter([p.number for p in above], [ymax - 0.07 * (ymax - ymin)] * len(above), marker="^", s=30,
                    color="#b0b0b0", zorder=2, label="discarded (off the scale)")
@@ -158,8 +163,9 @@ def plot_progress(data: ReportData, path: Path) -> PlotInfo:
         ax.scatter([p.number for p in crashes], [ymax - (ymax - ymin) * 0.03] * len(crashes), marker="x", s=46,
                    color="#d1495b", zorder=4, label="crashed")
     keeps = [p for p, _, _ in data.kept]
-    ax.scatter([p.number for p in keeps], [p.val_bpb for p in keeps], s=52, color="#2e9e44", zorder=5,
-               edgecolor="black", linewidth=0.5, label="kept")
+    if keeps:
+        ax.scatter([p.number for p in keeps], [p.val_bpb for p in keeps], s=52, color="#2e9e44", zorder=5,
+                   edgecolor="black", linewidth=0.5, label="kept")
     for p in keeps:
         ax.annotate(p.description[:42], (p.number, p.val_bpb), xytext=(6, -12), textcoords="offset points",
                     fontsize=8, color="#1f6e2f", rotation=-20)
@@ -172,6 +178,8 @@ def plot_progress(data: ReportData, path: Path) -> PlotInfo:
         ys.append(ys[-1])
         ax.step(xs, ys, where="post", color="#2e9e44", lw=1.6, alpha=0.8, label="running best")
     ax.set_xlim(-0.8, max(data.n, 1) + 0.8)
+    from matplotlib.ticker import MaxNLocator
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("experiment #")
     ax.set_ylabel("val_bpb (lower is better)")
     ax.set_title(data.title)
@@ -222,12 +230,22 @@ def render_markdown(data: ReportData, plot_name: str = "progress.png", tsv_name:
             L.append(f"- Best: **{_f(data.best_val)}** (experiment #{data.best.id}, commit `{data.best.commit}`, "
                      f"{data.best.samples} run(s)): gain **{_f(g)}** over the baseline{in_sigma}, "
                      f"{len(data.kept)} kept change(s).")
+        if data.sigma <= data.sigma_floor and len(data.baseline) > 1:
+            L.append(f"- σ is at its floor ({data.sigma_floor}): the baseline seeds agreed almost exactly, so the "
+                     "noise may be underestimated (e.g. run-to-run differences from machine load are not in it).")
         near = sorted((p for p in data.points if p.verdict != "keep" and p.val_bpb is not None
                        and data.baseline_mean is not None and p.val_bpb < (data.best_val or 0)),
                       key=lambda p: p.val_bpb)
         if near:
             L.append(f"- {len(near)} discarded experiment(s) measured below the best but not by enough to clear "
                      f"the threshold (closest: #{near[0].id} {near[0].description!r}, {_f(near[0].val_bpb)}).")
+        steps = data.baseline_steps + [p.num_steps for p in data.points if p.num_steps is not None]
+        if steps:
+            med = statistics.median(steps)
+            L.append(f"- Training steps per run: median {med:g} (baseline: {', '.join(map(str, data.baseline_steps))})."
+                     + (" **So few steps that the runs measure start-up more than learning: give experiments a "
+                        "longer time budget (or a less busy machine) before trusting these gains.**"
+                        if med < 10 else ""))
         L.append("")
     L += ["## Noise", "",
           f"- Baseline samples: {', '.join(_f(v) for v in data.baseline) or '—'}",

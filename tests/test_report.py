@@ -27,7 +27,8 @@ def _rows(spec: list[tuple]) -> list[dict]:
         out.append({"id": i, "is_baseline": int(kind == "base"), "status": status, "verdict": verdict,
                     "val_bpb": val, "test_bpb": test, "confirm_of": s[5] if len(s) > 5 else None,
                     "commit_sha": f"{i:040x}", "description": desc,
-                    "reason": "train.py exited with code 1" if status != "ok" else None, "verdict_reason": None})
+                    "reason": "train.py exited with code 1" if status != "ok" else None, "verdict_reason": None,
+                    "num_steps": 40 if status == "ok" else None})
     return out
 
 
@@ -135,3 +136,16 @@ def test_loopwright_report_on_a_workspace(tmp_path: Path, small_corpus):
     assert len(tsv) == 4 and tsv[3].split("\t")[3] == "keep"
     with Engine(ws.root) as eng:
         assert len(eng.ledger.events()) == n_events   # writing a report records nothing
+
+
+def test_markdown_warns_about_runs_too_short_to_learn_and_sigma_at_its_floor():
+    rows = _rows(SPEC)
+    assert "Training steps per run: median 40" in render_markdown(collect(rows, CFG, "t"))
+    assert "start-up more than learning" not in render_markdown(collect(rows, CFG, "t"))
+    for r in rows:
+        r["num_steps"] = 1 if r["status"] == "ok" else None
+        if r["is_baseline"]:
+            r["val_bpb"] = 2.0   # two identical seeds: sigma falls to the floor
+    md = render_markdown(collect(rows, CFG, "t"))
+    assert "median 1 (baseline: 1, 1)" in md and "start-up more than learning" in md
+    assert "σ is at its floor (0.0005)" in md
