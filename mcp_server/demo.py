@@ -95,6 +95,8 @@ class ProgressState:
             return f"  score: {sc['verdict']} (gain {sc['gain']:+.4f}, threshold {sc['threshold']:.4f})"
         if kind == "experiment_end":
             a, res = d["attempt"], d["result"]
+            self.phase, self.current = "thinking", "choosing the next change"
+            self.step = self.loss = self.remaining = None
             row = next((r for r in reversed(self.rows) if r.number == a.number), None)
             if row is not None:
                 row.val_bpb, row.seconds = a.val_bpb, a.seconds
@@ -110,7 +112,8 @@ class ProgressState:
             self.messages.append(d["message"][:120])
             return f"  error: {d['message'][:300]}"
         if kind == "stop":
-            self.stopped, self.phase, self.current = d["reason"], "stopped", ""
+            self.stopped, self.phase, self.current = d["reason"], "stopped", d["reason"]
+            self.step = self.loss = self.remaining = None
             return f"stopped: {d['reason']}"
         return None
 
