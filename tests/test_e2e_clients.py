@@ -61,6 +61,7 @@ def _budget_spent(root: Path) -> bool:
 
 @pytest.mark.timeout(420)
 def test_claude_code_plugin_runs_the_loop(tmp_path, small_corpus):
+    h.require_binary("claude")   # skip (fail with CI=true) before building the workspace
     root = fast_workspace(tmp_path, small_corpus)
     seed_baseline(root)
     prepare, train = root / "prepare.py", root / "train.py"
@@ -158,6 +159,7 @@ def _codex_flow(state: dict):
 
 @pytest.mark.timeout(420)
 def test_codex_plugin_runs_the_loop(tmp_path, small_corpus):
+    h.require_binary("codex")
     root = fast_workspace(tmp_path, small_corpus)
     seed_baseline(root)
     before = _frozen_snapshot(root)
