@@ -363,13 +363,14 @@ def _pump(stream, path: Path, redact: Redactor, on_line: Optional[Callable[[str]
           tail: Optional[list[str]]) -> None:
     with open(path, "w", encoding="utf-8") as out:
         for raw in iter(stream.readline, b""):
-            line = redact(raw.decode("utf-8", "replace"))
-            out.write(line)
-            out.flush()
+            text = raw.decode("utf-8", "replace")
             if on_line is not None:
-                on_line(line)
+                on_line(text)          # parsed as the client wrote it; only what is stored is masked
+            masked = redact(text)
+            out.write(masked)
+            out.flush()
             if tail is not None:
-                tail.append(line.rstrip("\n"))
+                tail.append(masked.rstrip("\n"))
                 del tail[:-30]
     stream.close()
 
@@ -492,29 +493,31 @@ def launch_session(root: Path | str, agent: str, trigger: str = "manual", detail
         else:
             argv = builtin_argv(ws.root, limit_s)
             parser = PlainParser()
-
         start_detail = {"trigger_detail": detail, "limit_minutes": minutes}
         sid = eng.ledger.start_session(campaign["id"], trigger, agent, json.dumps(start_detail))
-        env["LOOPWRIGHT_SESSION_ID"] = str(sid)
-        redact = Redactor(env)
-        log_dir = ws.state_dir / SESSIONS_DIR / f"{sid:05d}-{agent}"
-        log_dir.mkdir(parents=True, exist_ok=True)
-        run: Optional[_Run] = None
-        error: Optional[str] = None
-        reraise: Optional[BaseException] = None
-        try:
-            run = run_client(argv, ws.root, env, limit_s, log_dir, parser, redact)
-        except _Interrupted as e:
-            run, reraise = e.run, (e.__cause__ or KeyboardInterrupt())
-        except OSError as e:   # the binary vanished or is not executable
-            error = f"could not start {argv[0]}: {e}"
-        except BaseException as e:  # noqa: BLE001 - recorded below, then re-raised
-            error, reraise = f"{type(e).__name__}: {e}", e
-        _record_end(eng.ledger, sid, campaign["id"], agent, trigger, start_detail, parser.outcome(), run, error,
-                    log_dir.relative_to(ws.root), redact, sinks_for(ws.cfg))
     finally:
-        eng.close()
-    if sinks_for(ws.cfg):
+        eng.close()   # no connection held open for the hours a session may run
+
+    env["LOOPWRIGHT_SESSION_ID"] = str(sid)
+    redact = Redactor(env)
+    log_dir = ws.state_dir / SESSIONS_DIR / f"{sid:05d}-{agent}"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    run: Optional[_Run] = None
+    error: Optional[str] = None
+    reraise: Optional[BaseException] = None
+    try:
+        run = run_client(argv, ws.root, env, limit_s, log_dir, parser, redact)
+    except _Interrupted as e:
+        run, reraise = e.run, (e.__cause__ or KeyboardInterrupt())
+    except OSError as e:   # the binary vanished or is not executable
+        error = f"could not start {argv[0]}: {e}"
+    except BaseException as e:  # noqa: BLE001 - recorded below, then re-raised
+        error, reraise = f"{type(e).__name__}: {e}", e
+    sinks = sinks_for(ws.cfg)
+    with ws.ledger() as ledger:
+        _record_end(ledger, sid, campaign["id"], agent, trigger, start_detail, parser.outcome(), run, error,
+                    log_dir.relative_to(ws.root), redact, sinks)
+    if sinks:
         _deliver(ws.root)
     if reraise is not None:
         raise reraise
