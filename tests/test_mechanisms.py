@@ -290,3 +290,34 @@ async def test_suggest_next_tool_and_near_repeat_hook(tmp_path: Path, small_corp
     (ws.root / "train.py").write_text(edit_constant(TRAIN, "LR", 0.02))
     assert near_repeat_warnings(eng) == []
     eng.close()
+
+
+def test_parsed_versions_are_cached_on_disk(tmp_path: Path, small_corpus):
+    """A new server process reads the parsed versions back instead of parsing them again."""
+    import json
+
+    from mcp_server.engine import Engine
+    from mcp_server.mechanisms import history_from_engine, source
+
+    ws = make_workspace(tmp_path / "ws", small_corpus)
+    with Engine(ws.root) as eng:
+        _fake_baseline(eng)
+        _fake_discarded(eng, "LR", "0.008")
+        _fake_discarded(eng, "DEPTH", "6")
+        fresh = history_from_engine(eng)
+        cache = json.loads((ws.state_dir / "cache" / "mechanisms.json").read_text())
+        assert len(cache) == 3            # the pinned version and the two candidates
+        source._CACHE.clear()
+        calls = []
+        real = source._analyse
+        source._analyse = lambda src: calls.append(src) or real(src)
+        try:
+            again = history_from_engine(eng)
+        finally:
+            source._analyse = real
+        assert calls == []                 # nothing parsed: everything came from the disk cache
+        assert [(t.id, t.changed, t.category) for t in again.trials] == \
+            [(t.id, t.changed, t.category) for t in fresh.trials]
+        assert again.trials[0].changed == ("LR",) and again.trials[1].category == "architecture"
+        (ws.state_dir / "cache" / "mechanisms.json").write_text("{not json")   # a damaged cache is ignored
+        assert [t.id for t in history_from_engine(eng).trials] == [t.id for t in fresh.trials]

@@ -9,11 +9,11 @@ was this" for any train.py, not just the bundled one.
 from __future__ import annotations
 
 import ast
-import io
+import hashlib
 import re
-import tokenize
+import types
+from collections import OrderedDict
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Optional, Union
 
 Value = Union[bool, int, float]
@@ -80,9 +80,34 @@ def _char_col(line: str, byte_col: int) -> int:
     return len(line.encode("utf-8")[:byte_col].decode("utf-8", "replace"))
 
 
-def all_constants(source: str) -> list[Constant]:
-    """Every top-level UPPER_CASE assignment of a bool/int/float literal, in file order."""
-    tree = ast.parse(source)
+@dataclass(frozen=True)
+class _Parsed:
+    constants: tuple[Constant, ...]
+    skeleton: str
+    error: Optional[SyntaxError] = None
+
+
+# Mechanisms compare every tried version on each call: each version is parsed once per process
+# (and, through export/import_analysis, once per workspace).
+_CACHE: "OrderedDict[str, _Parsed]" = OrderedDict()
+_CACHE_MAX = 4096
+
+
+def _parse(source: str) -> _Parsed:
+    hit = _CACHE.get(source)
+    if hit is None:
+        hit = _CACHE[source] = _analyse(source)
+        if len(_CACHE) > _CACHE_MAX:
+            _CACHE.popitem(last=False)
+    return hit
+
+
+def _analyse(source: str) -> _Parsed:
+    """One ast.parse: the constants, and a fingerprint of the code with the tunable values taken out."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as e:
+        return _Parsed((), source, e)
     lines = source.splitlines()
     out: list[Constant] = []
     for node in tree.body:
@@ -101,9 +126,61 @@ def all_constants(source: str) -> list[Constant]:
         col = _char_col(line, value_node.col_offset)
         end = _char_col(line, value_node.end_col_offset)
         kind = "bool" if isinstance(value, bool) else "int" if isinstance(value, int) else "float"
-        out.append(Constant(target.id, value, kind, value_node.lineno, col, end, line[col:end],
-                            _comment(line[end:]), category_of(target.id)))
-    return out
+        c = Constant(target.id, value, kind, value_node.lineno, col, end, line[col:end],
+                     _comment(line[end:]), category_of(target.id))
+        out.append(c)
+        if not DENY_RE.search(c.name):   # the skeleton leaves tunable values out
+            node.value = ast.copy_location(ast.Constant("<K>"), value_node)
+    _blank_docstrings(tree)
+    # Bytecode has no comments or layout, and hashing it is far cheaper than ast.dump.
+    h = hashlib.sha1()
+    _fingerprint(compile(tree, "<train.py>", "exec", dont_inherit=True), h)
+    return _Parsed(tuple(out), h.hexdigest())
+
+
+def _blank_docstrings(node: ast.AST) -> None:
+    body = getattr(node, "body", None)
+    if not isinstance(body, list):
+        return
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+            and isinstance(body[0].value.value, str):
+        body[0].value.value = ""
+    for child in body:
+        if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            _blank_docstrings(child)
+
+
+def _fingerprint(code: types.CodeType, h) -> None:
+    h.update(code.co_code)
+    h.update(repr((code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars)).encode())
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            _fingerprint(const, h)
+        else:
+            h.update(repr(const).encode())
+
+
+def export_analysis(source: str) -> Optional[dict]:
+    """The parsed form of a version, JSON-able (None if it does not parse), for a cache on disk."""
+    p = _parse(source)
+    if p.error is not None:
+        return None
+    return {"skeleton": p.skeleton, "constants": [c.__dict__ for c in p.constants]}
+
+
+def import_analysis(source: str, data: dict) -> None:
+    """Seed the cache with an analysis exported earlier for exactly this source."""
+    if source not in _CACHE:
+        _CACHE[source] = _Parsed(tuple(Constant(**c) for c in data["constants"]), data["skeleton"])
+
+
+def all_constants(source: str) -> list[Constant]:
+    """Every top-level UPPER_CASE assignment of a bool/int/float literal, in file order.
+    Raises SyntaxError if the file does not parse."""
+    parsed = _parse(source)
+    if parsed.error is not None:
+        raise parsed.error
+    return list(parsed.constants)
 
 
 def _comment(rest: str) -> str:
@@ -118,37 +195,14 @@ def tunable_constants(source: str) -> list[Constant]:
 
 def constant_values(source: str) -> dict[str, Value]:
     """name -> value of the tunable constants; {} if the file does not parse."""
-    return dict(_values(source))
+    return {c.name: c.value for c in _parse(source).constants if not DENY_RE.search(c.name)}
 
 
-@lru_cache(maxsize=4096)   # mechanisms compare every tried version on each call: parse each once
-def _values(source: str) -> tuple[tuple[str, Value], ...]:
-    try:
-        return tuple((c.name, c.value) for c in tunable_constants(source))
-    except SyntaxError:
-        return ()
-
-
-@lru_cache(maxsize=4096)
 def skeleton(source: str) -> str:
-    """The code with comments, layout and tunable literals removed: two versions with the same
-    skeleton differ only in constant values (or in comments and whitespace)."""
-    try:
-        spans = {c.line: (c.col, c.end_col) for c in tunable_constants(source)}
-        toks = []
-        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-            if tok.type in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT,
-                            tokenize.DEDENT, tokenize.ENCODING, tokenize.ENDMARKER):
-                continue
-            span = spans.get(tok.start[0])
-            if span and span[0] <= tok.start[1] < span[1]:
-                if tok.start[1] == span[0]:
-                    toks.append("<K>")   # a negative literal is two tokens; both become one <K>
-                continue
-            toks.append(tok.string)
-        return " ".join(toks)
-    except (SyntaxError, tokenize.TokenError, IndentationError):
-        return source
+    """A fingerprint of the code without comments, layout, docstrings and tunable values: two versions
+    with the same skeleton differ only in constant values (or in comments and whitespace).
+    A file that does not parse is its own skeleton."""
+    return _parse(source).skeleton
 
 
 def changed_constants(old: str, new: str) -> dict[str, tuple[Optional[Value], Optional[Value]]]:
