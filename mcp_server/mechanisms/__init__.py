@@ -26,7 +26,7 @@ from .tabu import Tabu
 
 log = logging.getLogger("loopwright.mechanisms")
 
-MAX_TRIALS = 500        # mechanisms look at the latest 500 candidates (reading sources costs ~1 ms each)
+MAX_TRIALS = 500        # the latest 500 candidates (each version: ~1 ms from git, parsed once, cached on disk)
 PLATEAU_K = 4
 
 
@@ -68,7 +68,9 @@ def history_from_engine(engine) -> History:
     cand = [r["id"] for r in rows if not r["is_baseline"] and r["confirm_of"] is None]
     if len(cand) > MAX_TRIALS:
         first = cand[-MAX_TRIALS]
-        rows = [r for r in rows if r["is_baseline"] or r["id"] >= first or (r["confirm_of"] or 0) >= first]
+        # older keeps stay in: the best-so-far that later gains are measured against runs through them
+        rows = [r for r in rows if r["is_baseline"] or r["verdict"] == "keep" or r["id"] >= first
+                or (r["confirm_of"] or 0) >= first]
     repo = gitops.repo(engine.ws.root)
     cache: dict[str, str] = {}
     disk = _AnalysisCache(engine.ws.state_dir / "cache" / "mechanisms.json")
