@@ -23,8 +23,7 @@ class BudgetStatus(BaseModel):
 
 
 def check(ledger: Ledger, campaign_id: int, budget: BudgetConfig, best_metric: Optional[float] = None) -> BudgetStatus:
-    used = ledger.count_experiments(campaign_id, "status != 'running'")
-    hours = ledger.compute_hours(campaign_id)
+    used, hours = ledger.usage(campaign_id)
     cost = ledger.total_cost(campaign_id)
     reasons: list[str] = []
 

@@ -54,7 +54,7 @@ def test_ledger_wal_and_migrations(tmp_path):
     raw.execute("DROP TABLE kv")   # undo migrations 2 and 3: what a version-1 ledger looks like
     for (name,) in raw.execute("SELECT name FROM sqlite_master WHERE type='index' AND name IN "
                                "('experiments_stats','experiments_confirm','experiments_baseline',"
-                               "'notes_campaign','sessions_campaign')").fetchall():
+                               "'notes_campaign','sessions_campaign','experiments_verdict')").fetchall():
         raw.execute(f"DROP INDEX {name}")
     raw.execute("PRAGMA user_version = 1")
     raw.commit()
