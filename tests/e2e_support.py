@@ -14,21 +14,25 @@ REPO = TESTS.parent
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
-from conftest import hobbled_bench, make_workspace  # noqa: E402
+from conftest import hobbled_bench, make_workspace, set_constant  # noqa: E402
 from realclients import harness as h  # noqa: E402
 
 BASELINE_BPB = 8.0   # a uniform byte model scores exactly 8 bits per byte
 
 
 def fast_workspace(tmp: Path, corpus: Path, max_experiments: int = 2, **overrides) -> Path:
-    """A workspace whose experiments train for a few steps (MAX_STEPS-bounded) and evaluate on 2k
-    tokens, with one baseline seed and a small experiment budget."""
+    """A workspace whose experiments train a one-block GPT for a few steps (MAX_STEPS-bounded) and
+    evaluate on 2k tokens (export and evaluation dominate: a small graph halves them), with one
+    baseline seed and a small experiment budget."""
     cfg = {"benchmark": {"time_budget": 20.0, "grace_seconds": 60.0, "eval_tokens": 2048},
            "noise": {"baseline_seeds": 1},
            "budget": {"max_experiments": max_experiments, "max_hours": 10.0, "max_cost_usd": 10.0}}
     for section, values in overrides.items():
         cfg.setdefault(section, {}).update(values)
-    ws = make_workspace(tmp / "ws", corpus, bench_dir=hobbled_bench(tmp / "bench", max_steps=4), **cfg)
+    bench = hobbled_bench(tmp / "bench", max_steps=4)
+    set_constant(bench / "train.py", "DEPTH", "1")
+    set_constant(bench / "train.py", "D_MODEL", "64")
+    ws = make_workspace(tmp / "ws", corpus, bench_dir=bench, **cfg)
     return ws.root
 
 
