@@ -2,8 +2,8 @@
 train.py -- the baseline GPT that the agent improves. The only editable file.
 
 A small decoder-only transformer over the tokens of prepare.py: RMSNorm,
-rotary position embeddings, QK-norm, causal scaled-dot-product attention,
-squared-ReLU MLP, tanh logit soft-capping, AdamW (Muon optional). It trains
+rotary position embeddings, causal scaled-dot-product attention, squared-ReLU
+MLP, tanh logit soft-capping, AdamW (QK-norm and Muon optional). It trains
 for prepare.TIME_BUDGET seconds of wall clock *in total* (startup, training,
 quick eval and export together), hands the model to prepare.export_model and
 prints the summary block. The score is computed afterwards by the frozen
@@ -33,8 +33,8 @@ DEPTH = 4               # transformer blocks
 D_MODEL = 128           # residual width
 N_HEAD = 4              # attention heads (head dim = D_MODEL // N_HEAD)
 MLP_RATIO = 4           # MLP hidden = MLP_RATIO * D_MODEL
-BATCH_SIZE = 16         # sequences per step (tokens per step = BATCH_SIZE * prepare.SEQ_LEN)
-LR = 0.004              # AdamW peak learning rate (matrices when Muon is off, and everything else)
+BATCH_SIZE = 8          # sequences per step (tokens per step = BATCH_SIZE * prepare.SEQ_LEN)
+LR = 0.008              # AdamW peak learning rate (matrices when Muon is off, and everything else)
 EMBED_LR = 0.01         # AdamW learning rate of the embedding
 WEIGHT_DECAY = 0.0      # AdamW decoupled weight decay on the block matrices
 BETA1 = 0.9
@@ -233,15 +233,16 @@ def main():
 
     # Time plan. The whole run, counted from the first line of this file
     # (torch import included), must fit in TIME_BUDGET, so the loop stops early
-    # enough to leave room for what follows it: the quick eval (forward-only,
-    # costed at a third of a training step per step's worth of tokens, from the
-    # measured step time) and the export (torch.export tracing: about 1 s of
-    # one-off imports plus ~0.2 s per block on a CPU). The loop also stops one
-    # step early rather than one step late.
-    deadline = _t_start + prepare.TIME_BUDGET
-    export_seconds = 1.0 + 0.2 * DEPTH
-    step_time = None          # EMA of seconds per warm step
+    # enough to leave room for what follows it:
+    # - the quick eval: forward only, costed at a third of a training step per
+    #   step's worth of tokens, from the measured step time;
+    # - the export: torch.export tracing is single-threaded Python work, like
+    #   the startup (imports) just measured, so it is predicted from it (about
+    #   half of it; on a quiet 2-core machine ~1 s + 0.2 s per block).
+    # The loop also stops one step early rather than one step late.
     loop_start = time.time()
+    export_seconds = max(1.0 + 0.2 * DEPTH, 0.5 * (loop_start - _t_start))
+    deadline = _t_start + prepare.TIME_BUDGET
     train_end = deadline - export_seconds - 1.0  # refined once step times are known
 
     def progress(now, step):
