@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Literal, Optional
@@ -87,7 +88,8 @@ def build_server(workspace: Path | str, strict: bool = True) -> MCPServer:
             msg = f"step {step} loss {loss:.4f} {max(0.0, remaining):.0f}s left"
             asyncio.run_coroutine_threadsafe(ctx.report_progress(elapsed, total=total or None, message=msg), loop)
 
-        return await in_thread(lambda e: e.run_experiment(description, hypothesis, confirm_of, on_progress=progress))
+        return await in_thread(lambda e: e.run_experiment(description, hypothesis, confirm_of, on_progress=progress,
+                                                          session_id=_session_id()))
 
     @server.tool(annotations=ToolAnnotations(title="Score an experiment", read_only_hint=False,
                                              destructive_hint=True, idempotent_hint=False, open_world_hint=False))
@@ -122,6 +124,12 @@ def build_server(workspace: Path | str, strict: bool = True) -> MCPServer:
 
     _register_extensions(server, in_thread)
     return server
+
+
+def _session_id() -> Optional[int]:
+    """The ledger session of the agent that started this server (set by `loopwright launch`)."""
+    value = os.environ.get("LOOPWRIGHT_SESSION_ID", "")
+    return int(value) if value.isdigit() else None
 
 
 def _register_extensions(server: MCPServer, in_thread) -> None:

@@ -20,6 +20,9 @@ from . import gitops
 from .ledger import Ledger
 
 LOCK_NAME = "loopwright.lock"   # committed manifest of what decides the score
+# Every tool through which an agent can write or read files, in either client (as hooks/hooks.json).
+HOOK_MATCHER = ("Edit|Write|MultiEdit|NotebookEdit|Bash|Read|Grep|Glob|EnterWorktree|apply_patch|shell|"
+                "exec_command|local_shell|write_stdin")
 BENCH_FILES = ("prepare.py", "train.py", "program.md")
 
 
@@ -124,7 +127,7 @@ def client_configs(root: Path, python: str) -> dict[str, str]:
         return [{"type": "command", "command": f"{guard} {event}", "timeout": timeout}]
 
     settings = {"hooks": {
-        "PreToolUse": [{"matcher": "Edit|Write|MultiEdit|NotebookEdit|Bash|Read|Grep|Glob",
+        "PreToolUse": [{"matcher": HOOK_MATCHER,
                         "hooks": hook("pre-tool-use")}],
         "Stop": [{"hooks": hook("stop", 30)}],
         "SessionStart": [{"matcher": "startup|resume|compact", "hooks": hook("session-start", 30)}],
@@ -137,9 +140,10 @@ def client_configs(root: Path, python: str) -> dict[str, str]:
         f"args = {q(serve[1:])}",
         "startup_timeout_sec = 60",
         "tool_timeout_sec = 3600  # an experiment trains for minutes",
+        "required = true          # wait for the server before the first turn",
         "",
         "[[hooks.PreToolUse]]",
-        'matcher = "Edit|Write|MultiEdit|apply_patch|Bash|shell|exec_command"',
+        f"matcher = {q(HOOK_MATCHER)}",
         "[[hooks.PreToolUse.hooks]]",
         'type = "command"',
         f"command = {q(guard + ' pre-tool-use')}",
