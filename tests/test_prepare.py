@@ -280,6 +280,29 @@ def test_changed_data_is_refused(ws, tmp_path):
         prep.evaluate_exported(str(model))
 
 
+def test_scoring_ignores_edited_meta_fields(hand_ws, tmp_path):
+    """meta.json lives in the data dir: its separator / token_bytes / file list must not
+    change what is scored; the frozen tokenizer constant decides."""
+    d = tmp_path / "ws"
+    shutil.copytree(hand_ws, d)
+    prep = load_prepare(d)
+    model = str(export(prep, Constant(ord("a"), math.log(255)), tmp_path / "half.pt2"))
+    meta_path = d / ".loopwright" / "data" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["separator"] = ord("a")  # would drop every 'a' from the sums
+    meta_path.write_text(json.dumps(meta))
+    res = prep.evaluate_exported(model)
+    assert res["val_bytes"] == 30 and res["val_bpb"] == pytest.approx(1.0, abs=1e-6)
+    del meta["files"]["val.bin"]  # would skip the hash check of val.bin
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(prep.DataError, match="no hash for val.bin"):
+        prep.evaluate_exported(model)
+    meta["tokenizer"] = "bpe"
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(prep.DataError, match="frozen config"):
+        prep.evaluate_bpb(Zeros(), "val")
+
+
 def test_evaluator_never_imports_train_py(ws, tmp_path):
     d = tmp_path / "ws"
     shutil.copytree(ws, d)

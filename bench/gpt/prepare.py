@@ -275,12 +275,15 @@ class ByteTokenizer:
 
 
 class BPETokenizer:
-    """rustbpe-trained BPE used through tiktoken; the separator is the last id."""
+    """rustbpe-trained BPE used through tiktoken; the separator is the last id
+    (BPE_VOCAB_SIZE - 1), whatever the number of merges the corpus allowed."""
 
     def __init__(self, pattern, ranks):
         import tiktoken
-        self.sep = len(ranks)
-        self.vocab_size = len(ranks) + 1
+        if len(ranks) >= BPE_VOCAB_SIZE:
+            raise DataError(f"BPE has {len(ranks)} tokens; at most {BPE_VOCAB_SIZE - 1} fit before the separator")
+        self.sep = BPE_VOCAB_SIZE - 1
+        self.vocab_size = BPE_VOCAB_SIZE
         self.enc = tiktoken.Encoding(name="loopwright", pat_str=pattern, mergeable_ranks=ranks,
                                      special_tokens={SEP_TEXT: self.sep})
         self.pattern, self.ranks = pattern, ranks
@@ -383,13 +386,14 @@ def prepare_data(corpus=None, data_dir=None, tokenizer=None, quiet=False):
 
 
 def verify_data(data_dir=None, names=None):
-    """Check the data files against the SHA-256 recorded in meta.json; returns meta or raises DataError."""
+    """Check data files (default: all listed) against the SHA-256 in meta.json; returns meta or raises DataError."""
     data_dir = data_dir or DATA_DIR
     meta = load_meta(data_dir)
-    for name, digest in meta["files"].items():
-        if names is not None and name not in names:
-            continue
+    for name in sorted(meta["files"]) if names is None else names:
+        digest = meta["files"].get(name)
         path = os.path.join(data_dir, name)
+        if digest is None:
+            raise DataError(f"meta.json records no hash for {name}; re-run `python prepare.py prepare`")
         if not os.path.isfile(path):
             raise DataError(f"{path} is missing; re-run `python prepare.py prepare`")
         if _sha256_file(path) != digest:
@@ -403,13 +407,22 @@ def _tokens(split, data_dir=None):
 
 
 def _token_bytes(meta, data_dir):
-    """Exact UTF-8 byte length per token id (0 = separator, excluded from both sums)."""
-    if meta["token_bytes"]:
-        tb = np.load(os.path.join(data_dir, meta["token_bytes"]))
+    """Exact UTF-8 byte length per token id (0 = separator, excluded from both sums).
+
+    Decided by the frozen TOKENIZER constant, not by meta.json's fields (meta.json
+    sits in the data dir; only the hashed data files are pinned): byte -> 1 for
+    every id but the separator 0; bpe -> token_bytes.npy, whose hash is pinned."""
+    if meta.get("tokenizer") != TOKENIZER or meta.get("vocab_size") != VOCAB_SIZE:
+        raise DataError(f"the data was prepared with tokenizer {meta.get('tokenizer')!r} (vocab "
+                        f"{meta.get('vocab_size')}) but the frozen config says {TOKENIZER!r} (vocab {VOCAB_SIZE})")
+    if TOKENIZER == "byte":
+        tb = np.ones(VOCAB_SIZE, dtype=np.int64)
+        tb[ByteTokenizer.sep] = 0
     else:
-        tb = np.ones(meta["vocab_size"], dtype=np.int32)
-        tb[meta["separator"]] = 0
-    return torch.from_numpy(tb.astype(np.int64))
+        tb = np.load(os.path.join(data_dir, "token_bytes.npy")).astype(np.int64)
+        if tb.shape != (VOCAB_SIZE,) or tb[VOCAB_SIZE - 1] != 0 or (tb < 0).any():
+            raise DataError("token_bytes.npy does not match the BPE vocabulary")
+    return torch.from_numpy(tb)
 
 
 # ---------------------------------------------------------------------------
@@ -641,7 +654,8 @@ def evaluate_exported(model_path, data_dir=None):
     import time
     t0 = time.time()
     data_dir = data_dir or DATA_DIR
-    meta = verify_data(data_dir, names={"val.bin", "test.bin", "token_bytes.npy"})  # DataError -> exit 2
+    pinned = ["val.bin", "test.bin"] + (["token_bytes.npy"] if TOKENIZER == "bpe" else [])
+    meta = verify_data(data_dir, names=pinned)  # DataError -> exit 2
     if not os.path.isfile(model_path):
         raise EvalError(f"{model_path} not found; train.py must call prepare.export_model(model)")
     try:
@@ -655,7 +669,7 @@ def evaluate_exported(model_path, data_dir=None):
     _audit_graph(ep)
     module = ep.module()
     token_bytes = _token_bytes(meta, data_dir)
-    vocab = meta["vocab_size"]
+    vocab = VOCAB_SIZE
 
     # A model must be a pure function of its input: one that updates its own
     # buffers could carry information between calls (e.g. learn from val).
