@@ -274,10 +274,12 @@ def main():
             torch.cuda.synchronize()
         now = time.time()
         dt = now - t0
-        # the first steps pay for warm-up: take them raw (a pessimistic guess), then smooth
-        step_time = dt if step <= 3 else 0.8 * step_time + 0.2 * dt
-        quick_eval = step_time / 3 * QUICK_EVAL_TOKENS / tokens_per_step
-        train_end = deadline - export_seconds - quick_eval - 0.2
+        if step <= 3:  # warm-up steps are slow: "does one more fit?" only, no plan from them
+            step_time = dt
+        else:          # warm: smooth the step time and refine the plan
+            step_time = dt if step == 4 else 0.8 * step_time + 0.2 * dt
+            quick_eval = step_time / 3 * QUICK_EVAL_TOKENS / tokens_per_step
+            train_end = deadline - export_seconds - quick_eval - 0.2
         done = (MAX_STEPS > 0 and step >= MAX_STEPS) or now + step_time > train_end
         if now - last_print >= PRINT_EVERY_S or done:
             loss_value = loss.item()
