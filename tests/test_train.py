@@ -61,7 +61,7 @@ def test_hyperparameters_are_top_level_literals():
 @pytest.mark.slow
 def test_cpu_run_fits_the_budget_and_scores_far_below_8(tmp_path):
     budget = 30.0
-    d = bench_dir(tmp_path / "ws", train=True, time_budget=budget)
+    d = bench_dir(tmp_path / "ws", train=True, time_budget=budget, eval_tokens=16384)  # a quicker evaluation
     code, _, proc = run_cli(d, "prepare")  # the default corpus: stdlib, offline
     assert code == 0, proc.stderr
     model = tmp_path / "run" / "model.pt2"
