@@ -477,6 +477,7 @@ def export_model(model, path=None):
     path: argument, else env LOOPWRIGHT_EXPORT_PATH (set by the runner), else
     model.pt2. Returns the path."""
     path = path or os.environ.get("LOOPWRIGHT_EXPORT_PATH") or "model.pt2"
+    model = getattr(model, "_orig_mod", model)  # a torch.compile wrapper: export the module inside
     model = model.to("cpu").eval()
     x = torch.zeros((B_EVAL, SEQ_LEN), dtype=torch.long)
     with torch.no_grad():
