@@ -9,12 +9,18 @@ from pathlib import Path
 
 import pytest
 
+import re
+
 from conftest import BENCH, REPO, hobbled_bench, make_workspace
 from mcp_server.mechanisms.source import constant_values, tunable_constants
 from mcp_server.proposer import (Planner, divisibility_constraints, moves, parse_description, satisfies,
                                  set_constant)
 
-TRAIN = (BENCH / "train.py").read_text()
+# The bundled train.py with the constants these tests were written against, so retuning the
+# benchmark's defaults does not change what the synthetic ledgers mean.
+TRAIN = re.sub(r"^BATCH_SIZE = \d+", "BATCH_SIZE = 16",
+               re.sub(r"^LR = [0-9.e-]+", "LR = 0.004", (BENCH / "train.py").read_text(), count=1, flags=re.M),
+               count=1, flags=re.M)
 
 
 def _changed_lines(a: str, b: str) -> list[tuple[str, str]]:
@@ -284,7 +290,12 @@ async def test_agent_keeps_confirms_notes_and_stops(tmp_path, small_corpus, monk
     from mcp_server.engine import Engine
 
     _fake_runs(monkeypatch, _objective)
-    ws = make_workspace(tmp_path / "ws", small_corpus)
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    for name in ("prepare.py", "program.md"):
+        (bench / name).write_bytes((BENCH / name).read_bytes())
+    (bench / "train.py").write_text(TRAIN)   # the constants the scripted verdicts name
+    ws = make_workspace(tmp_path / "ws", small_corpus, bench_dir=bench)
     agent, reason, events = await _agent_session(ws, _Scripted(["QK_NORM", "LR"]), n=6)
     assert reason == "ran the 6 experiment(s) asked for"
     kinds = [k for k, _ in events]
