@@ -117,7 +117,7 @@ def test_loopwright_report_on_a_workspace(tmp_path: Path, small_corpus):
             e = eng.ledger.start_experiment(c["id"], f"baseline {i}", is_baseline=1, commit_sha=c["best_commit"])
             eng.ledger.update_experiment(e, status="ok", val_bpb=v, test_bpb=v + 0.01, verdict="baseline",
                                          finished_at=time.time())
-        set_constant(ws.root / "train.py", "LR", "0.008")
+        set_constant(ws.root / "train.py", "LR", "0.0123")   # any value other than the default
         sha, _ = gitops.commit_editable(ws.root, ["train.py"], ".loopwright", "LR")
         e = eng.ledger.start_experiment(c["id"], "LR 0.004 -> 0.008", commit_sha=sha, parent_commit=c["best_commit"])
         eng.ledger.update_experiment(e, status="ok", val_bpb=1.9, test_bpb=1.91, finished_at=time.time())
