@@ -210,6 +210,16 @@ def divergence(data: ReportData) -> Optional[dict]:
             "val_gain": data.gain, "test_gain": test_gain, "flagged": flagged}
 
 
+def step_outliers(data: ReportData, ratio: float = 1.5) -> list[Point]:
+    """Kept runs whose step count is off the baseline's by more than `ratio` either way: with a
+    wall-clock budget, machine load changes the step count, and the step count changes val_bpb."""
+    if not data.baseline_steps:
+        return []
+    base = statistics.median(data.baseline_steps)
+    return [p for p, _, _ in data.kept if p.num_steps is not None and base > 0
+            and max(p.num_steps / base, base / max(p.num_steps, 1)) > ratio]
+
+
 def render_markdown(data: ReportData, plot_name: str = "progress.png", tsv_name: str = "results.tsv") -> str:
     L: list[str] = [f"# loopwright report — campaign `{data.tag}`", "",
                     f"Generated {time.strftime('%Y-%m-%d %H:%M:%S %Z')}. ![progress]({plot_name})", ""]
@@ -239,6 +249,13 @@ def render_markdown(data: ReportData, plot_name: str = "progress.png", tsv_name:
         if near:
             L.append(f"- {len(near)} discarded experiment(s) measured below the best but not by enough to clear "
                      f"the threshold (closest: #{near[0].id} {near[0].description!r}, {_f(near[0].val_bpb)}).")
+        odd = step_outliers(data)
+        if odd:
+            L.append(f"- **{len(odd)} kept change(s) trained a very different number of steps than the baseline "
+                     f"(median {statistics.median(data.baseline_steps):g}): "
+                     + ", ".join(f"#{p.id} {p.num_steps} steps" for p in odd)
+                     + ". Under a wall-clock budget that can come from a busier or quieter machine rather than "
+                       "from the change itself; re-measure them before trusting the gain.**")
         steps = data.baseline_steps + [p.num_steps for p in data.points if p.num_steps is not None]
         if steps:
             med = statistics.median(steps)
@@ -254,11 +271,12 @@ def render_markdown(data: ReportData, plot_name: str = "progress.png", tsv_name:
           f" = **{_f(data.threshold, 5)}**; near the threshold a confirm run on a fresh seed decides.", ""]
     L += ["## Kept changes", ""]
     if data.kept:
-        L += ["| # | experiment | description | val_bpb | Δ vs previous best | Δ vs baseline | runs | commit |",
-              "|---|---|---|---|---|---|---|---|"]
+        L += ["| # | experiment | description | val_bpb | Δ vs previous best | Δ vs baseline | runs | steps | commit |",
+              "|---|---|---|---|---|---|---|---|---|"]
         for i, (p, dprev, dbase) in enumerate(data.kept, 1):
             L.append(f"| {i} | #{p.id} | {_md(p.description)} | {_f(p.val_bpb)} | {_f(dprev, sign=True)} | "
-                     f"{_f(dbase, sign=True)} | {p.samples} | `{p.commit}` |")
+                     f"{_f(dbase, sign=True)} | {p.samples} | {p.num_steps if p.num_steps is not None else '—'} | "
+                     f"`{p.commit}` |")
     else:
         L.append("None.")
     L.append("")

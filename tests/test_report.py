@@ -78,8 +78,9 @@ def test_markdown_numbers_match_the_ledger():
     assert "Best: **1.9350** (experiment #6" in md and "gain **0.0700**" in md
     kept_rows = [l for l in md.splitlines() if re.match(r"\| \d+ \| #\d+ \|", l)]
     assert len(kept_rows) == 2
-    assert "| 1 | #3 | LR 0.004 -> 0.008 | 1.9500 | -0.0550 | -0.0550 | 1 |" in kept_rows[0]
-    assert "| 2 | #6 | BATCH_SIZE 16 -> 8 | 1.9350 | -0.0150 | -0.0700 | 2 |" in kept_rows[1]
+    assert "| 1 | #3 | LR 0.004 -> 0.008 | 1.9500 | -0.0550 | -0.0550 | 1 | 40 |" in kept_rows[0]
+    assert "| 2 | #6 | BATCH_SIZE 16 -> 8 | 1.9350 | -0.0150 | -0.0700 | 2 | 40 |" in kept_rows[1]
+    assert "trained a very different number of steps" not in md
     assert "| #5 | D_MODEL 128 -> 4096 | crash | train.py exited with code 1 |" in md
     assert "test_bpb: baseline 2.0150 → best 1.9500" in md and "No val/test divergence" in md
     thr = d.threshold
@@ -149,3 +150,11 @@ def test_markdown_warns_about_runs_too_short_to_learn_and_sigma_at_its_floor():
     md = render_markdown(collect(rows, CFG, "t"))
     assert "median 1 (baseline: 1, 1)" in md and "start-up more than learning" in md
     assert "σ is at its floor (0.0005)" in md
+
+
+def test_markdown_flags_keeps_that_trained_a_different_number_of_steps():
+    rows = _rows(SPEC)
+    rows[2]["num_steps"] = 90     # experiment #3 (kept) ran 90 steps where the baseline ran 40
+    md = render_markdown(collect(rows, CFG, "t"))
+    assert "1 kept change(s) trained a very different number of steps than the baseline (median 40): " \
+           "#3 90 steps" in md
