@@ -176,7 +176,7 @@ def register(sub, ws_arg, command) -> None:
                                      "campaign shown live, and the report (no agent, API key or network needed)")
     sp.add_argument("dir", nargs="?", default=None, help="workspace directory (default: a new temporary one)")
     sp.add_argument("--time-budget", type=float, default=None, metavar="S",
-                    help="training seconds per experiment for the new workspace (default 20)")
+                    help="training seconds per experiment for the new workspace (default 30)")
     sp.add_argument("-n", type=int, default=None, help="experiments after the baseline (default 8)")
     sp.add_argument("--minutes", type=float, default=None,
                     help="wall-clock cap: no experiment starts that would end after it (default 6)")
