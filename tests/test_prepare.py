@@ -431,7 +431,10 @@ def test_constants_come_from_the_toml_next_to_prepare(ws, prep, monkeypatch):
     monkeypatch.setenv("LOOPWRIGHT_TIME_BUDGET", "999")
     assert load_prepare(ws).TIME_BUDGET == 10.0
     src = (BENCH / "prepare.py").read_text()
-    assert src.count("os.environ") == 1 and "LOOPWRIGHT_EXPORT_PATH" in src  # only the export path
+    uses = [line.strip() for line in src.splitlines() if "os.environ" in line]
+    assert len(uses) == 2, uses  # reads only the export path; sets only the OpenMP wait policy
+    assert any('os.environ.get("LOOPWRIGHT_EXPORT_PATH")' in u for u in uses)
+    assert any(u.startswith('os.environ.setdefault("OMP_WAIT_POLICY"') for u in uses)
 
 
 def test_export_path_defaults_to_the_runner_variable(prep, tmp_path, monkeypatch):
