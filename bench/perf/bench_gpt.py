@@ -31,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as train.py and the evaluator do (before torch loads)
+
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "bench" / "gpt"
 PROGRESS = re.compile(r"^step=(\d+) loss=\S+ elapsed=([0-9.]+) remaining=")
