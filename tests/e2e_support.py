@@ -39,7 +39,7 @@ def fast_workspace(tmp: Path, corpus: Path, max_experiments: int = 2, **override
 def seed_baseline(root: Path, val_bpb: float = BASELINE_BPB) -> int:
     """Record the pinned train.py's baseline as already measured (as in a resumed campaign), so a
     client test trains only its own candidate. It counts as one experiment of the budget."""
-    from mcp_server.workspace import Workspace
+    from mcp_server.loop.workspace import Workspace
 
     ws = Workspace.open(root)
     with ws.ledger() as ledger:
@@ -51,7 +51,7 @@ def seed_baseline(root: Path, val_bpb: float = BASELINE_BPB) -> int:
 
 
 def experiments(root: Path) -> list[dict]:
-    from mcp_server.workspace import Workspace
+    from mcp_server.loop.workspace import Workspace
 
     with Workspace.open(root).ledger() as ledger:
         return [dict(r) for r in ledger.conn.execute("SELECT * FROM experiments ORDER BY id")]

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from conftest import alive as _alive, make_workspace
-from mcp_server import gitops
-from mcp_server.engine import Engine, LoopError
+from mcp_server.loop import gitops
+from mcp_server.loop.engine import Engine, LoopError
 
 HEADER = '''
 import os, sys, time
@@ -141,7 +141,7 @@ def test_secrets_never_reach_train_py(ws, monkeypatch):
 def test_overrunning_the_budget_is_killed_with_its_children(tmp_path, small_corpus):
     ws = make_workspace(tmp_path / "ws", small_corpus, benchmark={"time_budget": 8.0, "grace_seconds": 6.0})
     eng = _engine_with_baseline(ws)
-    from mcp_server.config import load_config
+    from mcp_server.loop.config import load_config
     cfg = load_config(ws.root)
     grace = cfg.benchmark.grace_seconds
     res = _run(eng, "import subprocess\n"

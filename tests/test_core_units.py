@@ -4,11 +4,11 @@ import time
 
 import pytest
 
-from mcp_server import budget, verdict
-from mcp_server.config import (BudgetConfig, ConfigError, LoopwrightConfig, NoiseConfig, dump_config,
+from mcp_server.loop import budget, verdict
+from mcp_server.loop.config import (BudgetConfig, ConfigError, LoopwrightConfig, NoiseConfig, dump_config,
                                parse_config)
-from mcp_server.ledger import Ledger, LedgerError, MIGRATIONS
-from mcp_server.tsv import COLUMNS, export_tsv
+from mcp_server.ledger.store import Ledger, LedgerError, MIGRATIONS
+from mcp_server.report.tsv import COLUMNS, export_tsv
 
 
 # -- config -------------------------------------------------------------------

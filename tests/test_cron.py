@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from mcp_server.config import ScheduleConfig
+from mcp_server.loop.config import ScheduleConfig
 from mcp_server.triggers.common import SessionLock
 from mcp_server.triggers.cron import Scheduler, install_lines, next_fire
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from mcp_server import guard
-from mcp_server.config import LoopwrightConfig, PathsConfig, dump_config
+from mcp_server.guard import hook as guard
+from mcp_server.loop.config import LoopwrightConfig, PathsConfig, dump_config
 
 REPO = Path(__file__).resolve().parent.parent
 PAYLOADS = Path(__file__).resolve().parent / "guard_payloads"
@@ -514,7 +514,7 @@ def test_hooks_json_wires_every_event_through_the_launcher():
 def test_hot_path_does_not_import_pydantic_torch_or_mcp(ws):
     code = textwrap.dedent(f"""
         import sys
-        from mcp_server import guard
+        from mcp_server.guard import hook as guard
         d = guard.decide_for_payload({{"cwd": {str(ws)!r}, "tool_name": "Bash",
                                        "tool_input": {{"command": "echo > prepare.py"}}}})
         assert not d.allow
@@ -577,16 +577,16 @@ def test_run_stop_counts_idle_blocks_and_resets_on_progress(ws, monkeypatch):
 
 
 def test_load_status_without_engine_is_unknown(monkeypatch, capsys, ws):
-    monkeypatch.setitem(sys.modules, "mcp_server.engine", None)   # import fails
+    monkeypatch.setitem(sys.modules, "mcp_server.loop.status", None)   # import fails
     assert guard.load_status(ws) is None
     assert guard.run_stop(recorded("codex", ws, event="Stop"), str(ws)) is None
     assert "letting the agent stop" in capsys.readouterr().err
 
 
 def test_load_status_uses_engine_loop_status(monkeypatch, ws):
-    fake = types.ModuleType("mcp_server.engine")
+    fake = types.ModuleType("mcp_server.loop.status")
     fake.loop_status = lambda root: {"should_stop": False, "reason": "r", "next_step": f"next in {root}"}
-    monkeypatch.setitem(sys.modules, "mcp_server.engine", fake)
+    monkeypatch.setitem(sys.modules, "mcp_server.loop.status", fake)
     assert guard.load_status(ws)["next_step"] == f"next in {ws}"
 
 
@@ -608,16 +608,16 @@ def test_stop_entry_lets_go_when_status_raises(ws, monkeypatch, capsys):
 # --------------------------------------------------------------------------- SessionStart
 
 def test_session_start_uses_the_engine_summary(ws, monkeypatch, capsys):
-    fake = types.ModuleType("mcp_server.engine")
+    fake = types.ModuleType("mcp_server.loop.status")
     fake.session_summary = lambda root: "best val_bpb 1.23 after 7 experiments"
-    monkeypatch.setitem(sys.modules, "mcp_server.engine", fake)
+    monkeypatch.setitem(sys.modules, "mcp_server.loop.status", fake)
     assert guard._main_session_start(json.dumps(recorded("claude", ws, event="SessionStart")), False) == 0
     out = json.loads(capsys.readouterr().out)["hookSpecificOutput"]
     assert out == {"hookEventName": "SessionStart", "additionalContext": "best val_bpb 1.23 after 7 experiments"}
 
 
 def test_session_start_falls_back_to_a_pointer_to_program_md(ws, monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "mcp_server.engine", None)
+    monkeypatch.setitem(sys.modules, "mcp_server.loop.status", None)
     assert guard._main_session_start(json.dumps(recorded("codex", ws, event="SessionStart")), False) == 0
     text = json.loads(capsys.readouterr().out)["hookSpecificOutput"]["additionalContext"]
     assert "program.md" in text and "train.py" in text

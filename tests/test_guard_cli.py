@@ -1,8 +1,8 @@
 """The agent may not drive the human's CLI: it could read the hidden test split or lift a stop."""
 import pytest
 
-from mcp_server.config import PathsConfig
-from mcp_server.guard import decide_pre_tool_use, policy_from_config
+from mcp_server.loop.config import PathsConfig
+from mcp_server.guard.hook import decide_pre_tool_use, policy_from_config
 
 
 @pytest.fixture()
@@ -26,7 +26,7 @@ def _bash(policy, command):
     "loopwright stop --clear",           # lifting a human's stop request
     "loopwright score 3",                # scoring goes through the MCP tool
     "loopwright init /tmp/other --force",
-    "python -m mcp_server.engine",
+    "python -m mcp_server.loop.engine",
     "cd /tmp && loopwright launch --agent claude",
 ])
 def test_agent_cannot_run_the_human_cli(policy, command):

@@ -9,8 +9,8 @@ import pytest
 from fakes import Fault
 from fakes.fake_jira import FakeJira
 
-from mcp_server.config import JiraConfig, LoopwrightConfig
-from mcp_server.ledger import Ledger
+from mcp_server.loop.config import JiraConfig, LoopwrightConfig
+from mcp_server.ledger.store import Ledger
 from mcp_server.notify.jira import JiraSink
 from mcp_server.notify.outbox import deliver_pending
 

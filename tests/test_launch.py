@@ -1,4 +1,4 @@
-"""mcp_server.launch: headless sessions of the real claude / codex (scripted fake model) and
+"""mcp_server.agents.launch: headless sessions of the real claude / codex (scripted fake model) and
 the built-in agent, started by a cron fire or `loopwright launch`, recorded in the ledger.
 
 The realclient tests start sessions the way the cron daemon does (Scheduler + default_starter
@@ -25,11 +25,11 @@ except ModuleNotFoundError:  # Python 3.10
 
 from e2e_support import REPO, fast_workspace, h, seed_baseline, use_environment
 from e2e_support import experiments as _experiments
-from mcp_server import launch
-from mcp_server.config import ScheduleConfig
-from mcp_server.launch import LaunchError, launch_session
+from mcp_server.agents import launch
+from mcp_server.loop.config import ScheduleConfig
+from mcp_server.agents.launch import LaunchError, launch_session
 from mcp_server.triggers.cron import Scheduler, default_starter
-from mcp_server.workspace import Workspace
+from mcp_server.loop.workspace import Workspace
 from realclients.fake_anthropic import FakeAnthropic, ToolUse
 from realclients.fake_openai import ApplyPatch, FakeOpenAI, McpCall
 
@@ -402,7 +402,7 @@ def test_a_client_that_fails_is_recorded_with_its_exit_code(idle_ws, tmp_path, m
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_builtin_session_runs_the_proposer(tmp_path, small_corpus):
-    from mcp_server.cli import build_parser
+    from mcp_server.cli.main import build_parser
 
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     if "run" not in sub.choices:

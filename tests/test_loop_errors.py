@@ -14,9 +14,9 @@ from mcp import Client
 from mcp.types import LATEST_PROTOCOL_VERSION
 
 from conftest import alive as _alive, make_workspace, set_constant
-from mcp_server import gitops
-from mcp_server.engine import Engine
-from mcp_server.server import build_server
+from mcp_server.loop import gitops
+from mcp_server.loop.engine import Engine
+from mcp_server.mcp.server import build_server
 
 
 @pytest.fixture()
@@ -106,7 +106,7 @@ async def test_frozen_config_change_is_tamper_but_budget_change_is_not(ws):
     original = toml.read_text()
     toml.write_text(original.replace("max_experiments = 100", "max_experiments = 7"))
     eng = Engine(ws.root)
-    from mcp_server import integrity
+    from mcp_server.loop import integrity
     assert integrity.check(eng.ws, eng.campaign["pinned_commit"]) == []
     toml.write_text(original.replace("time_budget = 25.0", "time_budget = 600.0"))
     mism = integrity.check(eng.ws, eng.campaign["pinned_commit"])
@@ -115,7 +115,7 @@ async def test_frozen_config_change_is_tamper_but_budget_change_is_not(ws):
 
 async def test_corrupted_config_gives_an_actionable_error(ws):
     (ws.root / "loopwright.toml").write_text("[benchmark\ntime_budget = 6")
-    from mcp_server.config import ConfigError
+    from mcp_server.loop.config import ConfigError
     with pytest.raises(ConfigError, match="not valid TOML"):
         build_server(ws.root)
     proc = subprocess.run([sys.executable, "-m", "mcp_server.cli", "status", "--workspace", str(ws.root)],
@@ -129,7 +129,7 @@ async def test_missing_data_is_refused_and_rebuilt(ws):
         msg = await _err(client, "run_experiment", {"description": "x"})
     assert "data file is missing" in msg
     assert (ws.data_dir / "val.bin").is_file()   # rebuilt deterministically by the pinned prepare.py
-    from mcp_server import integrity
+    from mcp_server.loop import integrity
     eng = Engine(ws.root)
     assert integrity.check(eng.ws, eng.campaign["pinned_commit"]) == []
 

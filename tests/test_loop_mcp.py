@@ -13,8 +13,8 @@ import pytest
 from mcp import Client, StdioServerParameters
 
 from conftest import hobbled_bench, make_workspace, set_constant
-from mcp_server import gitops
-from mcp_server.server import build_server
+from mcp_server.loop import gitops
+from mcp_server.mcp.server import build_server
 
 pytestmark = pytest.mark.slow
 
@@ -73,7 +73,7 @@ async def _full_cycle(client, ws, progress_log):
     # 6. the budget runs out -> should_stop
     budget = await _call(client, "budget_check")
     assert budget["should_stop"] is False and budget["experiments_used"] == 4
-    from mcp_server.config import dump_config, load_config
+    from mcp_server.loop.config import dump_config, load_config
     cfg = load_config(root)
     cfg.budget.max_experiments = 4   # operational setting: the user may change it between sessions
     (root / "loopwright.toml").write_text(dump_config(cfg))

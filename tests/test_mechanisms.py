@@ -16,7 +16,7 @@ from mcp_server.mechanisms.plateau import Plateau
 from mcp_server.mechanisms.source import (DENY_RE, all_constants, category_of, constant_values, skeleton,
                                           tunable_constants)
 from mcp_server.mechanisms.tabu import Tabu
-from mcp_server.proposer import set_constant as edit_constant
+from mcp_server.agents.builtin import set_constant as edit_constant
 
 # The bundled train.py with the constants these tests were written against, so retuning the
 # benchmark's defaults does not change what the synthetic ledgers mean.
@@ -251,7 +251,7 @@ def _fake_baseline(eng, values=(2.00, 2.01)):
 
 def _fake_discarded(eng, name: str, value: str) -> int:
     """A candidate as the engine records it: committed, measured, discarded, tree back at best."""
-    from mcp_server import gitops
+    from mcp_server.loop import gitops
 
     set_constant(eng.ws.root / "train.py", name, value)
     c = eng.campaign
@@ -277,8 +277,8 @@ def _bench(tmp_path: Path) -> Path:
 async def test_suggest_next_tool_and_near_repeat_hook(tmp_path: Path, small_corpus):
     from mcp import Client
 
-    from mcp_server.engine import Engine
-    from mcp_server.server import build_server
+    from mcp_server.loop.engine import Engine
+    from mcp_server.mcp.server import build_server
 
     ws = make_workspace(tmp_path / "ws", small_corpus, bench_dir=_bench(tmp_path))
     eng = Engine(ws.root)
@@ -314,7 +314,7 @@ def test_parsed_versions_are_cached_on_disk(tmp_path: Path, small_corpus):
     """A new server process reads the parsed versions back instead of parsing them again."""
     import json
 
-    from mcp_server.engine import Engine
+    from mcp_server.loop.engine import Engine
     from mcp_server.mechanisms import history_from_engine, source
 
     ws = make_workspace(tmp_path / "ws", small_corpus, bench_dir=_bench(tmp_path))

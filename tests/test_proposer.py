@@ -13,7 +13,7 @@ import re
 
 from conftest import BENCH, REPO, hobbled_bench, make_workspace
 from mcp_server.mechanisms.source import constant_values, tunable_constants
-from mcp_server.proposer import (Planner, divisibility_constraints, moves, parse_description, satisfies,
+from mcp_server.agents.builtin import (Planner, divisibility_constraints, moves, parse_description, satisfies,
                                  set_constant)
 
 # The bundled train.py with the constants these tests were written against, so retuning the
@@ -162,7 +162,7 @@ def test_parse_description():
 @pytest.mark.slow
 def test_run_builtin_over_stdio(tmp_path: Path, small_corpus):
     """`loopwright run --agent builtin -n 2`: a real server subprocess, real training, the ledger filled in."""
-    from mcp_server.engine import Engine
+    from mcp_server.loop.engine import Engine
 
     ws = make_workspace(tmp_path / "ws", small_corpus, bench_dir=hobbled_bench(tmp_path / "bench"))
     proc = subprocess.run([sys.executable, "-m", "mcp_server.cli", "run", "--agent", "builtin", "-n", "2",
@@ -193,8 +193,8 @@ def test_progress_display_follows_the_events():
 
     from rich.console import Console
 
-    from mcp_server.demo import Display, ProgressState
-    from mcp_server.proposer import Attempt
+    from mcp_server.cli.demo import Display, ProgressState
+    from mcp_server.agents.builtin import Attempt
 
     st = ProgressState("demo", n=3)
     out = io.StringIO()
@@ -227,7 +227,7 @@ def test_progress_display_follows_the_events():
 def _fake_runs(monkeypatch, objective):
     """Replace the two child processes (train.py, the evaluator) by `objective(constants, seed)`:
     the engine, the ledger, git, the MCP server and the agent all run for real, in a second."""
-    from mcp_server import runner
+    from mcp_server.loop import runner
 
     def train(ws, run_dir, seed, on_progress=None, **kw):
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -275,8 +275,8 @@ class _Scripted(Planner):
 async def _agent_session(ws, planner, n, mechanisms=True, deadline=None):
     from mcp import Client
 
-    from mcp_server.proposer import BuiltinAgent
-    from mcp_server.server import build_server
+    from mcp_server.agents.builtin import BuiltinAgent
+    from mcp_server.mcp.server import build_server
 
     events = []
     async with Client(build_server(ws.root)) as client:
@@ -287,7 +287,7 @@ async def _agent_session(ws, planner, n, mechanisms=True, deadline=None):
 
 
 async def test_agent_keeps_confirms_notes_and_stops(tmp_path, small_corpus, monkeypatch):
-    from mcp_server.engine import Engine
+    from mcp_server.loop.engine import Engine
 
     _fake_runs(monkeypatch, _objective)
     bench = tmp_path / "bench"
@@ -322,7 +322,7 @@ async def test_agent_keeps_confirms_notes_and_stops(tmp_path, small_corpus, monk
 
 
 async def test_agent_records_crashes_and_resumes(tmp_path, small_corpus, monkeypatch):
-    from mcp_server.engine import Engine
+    from mcp_server.loop.engine import Engine
 
     _fake_runs(monkeypatch, _objective)
     ws = make_workspace(tmp_path / "ws", small_corpus)

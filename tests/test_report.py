@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, make_workspace, set_constant
-from mcp_server.config import LoopwrightConfig
-from mcp_server.report import collect, divergence, plot_progress, render_markdown
+from mcp_server.loop.config import LoopwrightConfig
+from mcp_server.report.writer import collect, divergence, plot_progress, render_markdown
 
 CFG = LoopwrightConfig()   # noise: k_sigma 2, min_delta 0.002, sigma_floor 0.0005
 
@@ -108,8 +108,8 @@ def test_val_test_divergence_is_flagged():
 
 def test_loopwright_report_on_a_workspace(tmp_path: Path, small_corpus):
     """The CLI writes the three files from a real ledger (experiments recorded without training)."""
-    from mcp_server import gitops
-    from mcp_server.engine import Engine
+    from mcp_server.loop import gitops
+    from mcp_server.loop.engine import Engine
 
     ws = make_workspace(tmp_path / "ws", small_corpus)
     with Engine(ws.root) as eng:

@@ -8,8 +8,8 @@ import pytest
 from fakes import Fault
 from fakes.fake_slack import FakeSlack
 
-from mcp_server.config import LoopwrightConfig, SlackConfig
-from mcp_server.ledger import Ledger
+from mcp_server.loop.config import LoopwrightConfig, SlackConfig
+from mcp_server.ledger.store import Ledger
 from mcp_server.notify.outbox import deliver_pending
 from mcp_server.notify.slack import SlackSink, render
 

@@ -8,8 +8,8 @@ import time
 import pytest
 from starlette.testclient import TestClient
 
-from mcp_server.config import LoopwrightConfig, WebhookConfig
-from mcp_server.ledger import Ledger
+from mcp_server.loop.config import LoopwrightConfig, WebhookConfig
+from mcp_server.ledger.store import Ledger
 from mcp_server.triggers.common import SESSION_LOCK, SessionLock
 from mcp_server.triggers.webhook import (STOP_KEY, create_app, generic_signature, github_signature,
                                          slack_signature)

@@ -3,7 +3,7 @@ import json
 import tomllib
 from pathlib import Path
 
-from mcp_server.workspace import HOOK_MATCHER, client_configs
+from mcp_server.loop.workspace import HOOK_MATCHER, client_configs
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -32,8 +32,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from mcp_server.proposer import run_builtin, set_constant  # noqa: E402
-from mcp_server.workspace import bench_source_dir, init_workspace  # noqa: E402
+from mcp_server.agents.builtin import run_builtin, set_constant  # noqa: E402
+from mcp_server.loop.workspace import bench_source_dir, init_workspace  # noqa: E402
 
 
 def bench_copy(dest: Path, steps: int, batch: int | None, threads: int) -> Path:

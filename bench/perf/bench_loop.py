@@ -37,7 +37,7 @@ def pct(xs, q):
 
 
 def harness_overhead(tmp: Path) -> dict:
-    from mcp_server.engine import Engine
+    from mcp_server.loop.engine import Engine
 
     ws = make_workspace(tmp / "ws", make_small_corpus(tmp / "corpus"), bench_dir=hobbled_bench(tmp / "bench"))
     eng = Engine(ws.root)
@@ -73,7 +73,7 @@ def fill_ledger(eng, n: int) -> None:
 
 
 def ledger_latency(tmp: Path) -> dict:
-    from mcp_server.engine import Engine
+    from mcp_server.loop.engine import Engine
 
     ws = make_workspace(tmp / "ws", make_small_corpus(tmp / "corpus"))
     eng = Engine(ws.root)

@@ -18,11 +18,11 @@ from typing import Optional, Union
 
 from pydantic import BaseModel, Field
 
-from .bandit import Bandit
-from .base import Advice, History, Mechanism, combine, history_from_rows
-from .plateau import Plateau
-from .source import export_analysis, import_analysis, tunable_constants
-from .tabu import Tabu
+from mcp_server.mechanisms.bandit import Bandit
+from mcp_server.mechanisms.base import Advice, History, Mechanism, combine, history_from_rows
+from mcp_server.mechanisms.plateau import Plateau
+from mcp_server.mechanisms.source import export_analysis, import_analysis, tunable_constants
+from mcp_server.mechanisms.tabu import Tabu
 
 log = logging.getLogger("loopwright.mechanisms")
 
@@ -60,7 +60,7 @@ class Suggestion(BaseModel):
 
 def history_from_engine(engine) -> History:
     """The campaign's history, with each experiment's train.py read from git (cached per commit)."""
-    from .. import gitops
+    from mcp_server.loop import gitops
 
     c = engine.campaign
     rel = engine.ws.cfg.paths.editable[0]

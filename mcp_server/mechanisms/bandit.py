@@ -13,8 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .base import Advice, History, Trial
-from .source import CATEGORIES, tunable_constants
+from mcp_server.mechanisms.base import Advice, History, Trial
+from mcp_server.mechanisms.source import CATEGORIES, tunable_constants
 
 
 def reward(t: Trial, sigma: float) -> float:

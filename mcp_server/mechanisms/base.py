@@ -15,7 +15,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional, Protocol
 
-from .source import CATEGORIES, category_of, changed_constants, skeleton
+from mcp_server.mechanisms.source import CATEGORIES, category_of, changed_constants, skeleton
 
 FAILED = ("crash", "timeout", "rejected")
 

@@ -7,8 +7,8 @@ constants touched least recently. Its opinion outranks the bandit's.
 """
 from __future__ import annotations
 
-from .base import Advice, History
-from .source import CATEGORIES, tunable_constants
+from mcp_server.mechanisms.base import Advice, History
+from mcp_server.mechanisms.source import CATEGORIES, tunable_constants
 
 
 class Plateau:

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from .base import Advice, History, Trial
-from .source import constant_values, relative_gap, skeleton
+from mcp_server.mechanisms.base import Advice, History, Trial
+from mcp_server.mechanisms.source import constant_values, relative_gap, skeleton
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,8 @@ import json
 import logging
 from typing import Mapping, Optional
 
-from .fmt import join, keep_deltas, num
-from .outbox import DeliveryError, Event, ledger_uid, redact
+from mcp_server.notify.fmt import join, keep_deltas, num
+from mcp_server.notify.outbox import DeliveryError, Event, ledger_uid, redact
 
 log = logging.getLogger("loopwright.notify.jira")
 

@@ -128,7 +128,8 @@ def ledger_uid(ledger) -> str:
 def build_sinks(cfg, ledger, env: Mapping[str, str] | None = None) -> tuple[list, list[str]]:
     """The sinks `cfg` configures whose secrets are present, and a note for each that is not.
     A sink left out keeps its rows pending: nothing is lost while a token is missing."""
-    from . import jira as jira_mod, slack as slack_mod
+    from mcp_server.notify import jira as jira_mod
+    from mcp_server.notify import slack as slack_mod
 
     env = os.environ if env is None else env
     sinks, notes = [], []
@@ -202,7 +203,7 @@ def _deliver_sink(ledger, sink, now: float, rep: SinkReport, max_attempts: int, 
 
 def notify_workspace(root=None) -> DeliveryReport:
     """`loopwright notify`: one delivery pass for the workspace at `root` (default: found from the cwd)."""
-    from mcp_server.workspace import Workspace
+    from mcp_server.loop.workspace import Workspace
 
     ws = Workspace.find(root)
     with ws.ledger() as ledger:

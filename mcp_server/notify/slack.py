@@ -25,8 +25,8 @@ from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 from slack_sdk.webhook import WebhookClient
 
-from .fmt import join, keep_deltas, num
-from .outbox import DeliveryError, Event, ledger_uid, redact
+from mcp_server.notify.fmt import join, keep_deltas, num
+from mcp_server.notify.outbox import DeliveryError, Event, ledger_uid, redact
 
 log = logging.getLogger("loopwright.notify.slack")
 # The SDK logs request headers (the bearer token) at DEBUG; give it a logger that never does.

@@ -30,7 +30,7 @@ from zoneinfo import ZoneInfo
 
 from croniter import croniter
 
-from .common import SESSION_LOCK, SessionLock, launch
+from mcp_server.triggers.common import SESSION_LOCK, SessionLock, launch
 
 log = logging.getLogger("loopwright.cron")
 UTC = timezone.utc
@@ -180,7 +180,7 @@ def default_starter(root: Path | str) -> StartSession:
 
 
 def scheduler_for(root: Path | str, start_session: Optional[StartSession] = None) -> Scheduler:
-    from mcp_server.workspace import Workspace
+    from mcp_server.loop.workspace import Workspace
 
     ws = Workspace.open(root)
     if not ws.cfg.schedule:

@@ -41,7 +41,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from .common import SESSION_LOCK, SessionLock, launch
+from mcp_server.triggers.common import SESSION_LOCK, SessionLock, launch
 
 log = logging.getLogger("loopwright.webhook")
 
@@ -175,7 +175,7 @@ def create_app(root_or_cfg, start_session: Optional[StartSession] = None, ledger
     """The receiver. `root_or_cfg` is a workspace root (config, ledger and state dir from it) or a
     LoopwrightConfig (then pass `ledger` and/or `state_dir`; without either, seen ids live in memory)."""
     if isinstance(root_or_cfg, (str, Path)):
-        from mcp_server.workspace import Workspace
+        from mcp_server.loop.workspace import Workspace
 
         ws = Workspace.open(root_or_cfg)
         cfg, state_dir = ws.cfg, state_dir or ws.state_dir
@@ -386,7 +386,7 @@ def serve(root: Path | str, host: Optional[str] = None, port: Optional[int] = No
     import uvicorn
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from mcp_server.config import load_config
+    from mcp_server.loop.config import load_config
 
     wh = load_config(root).webhook
     app = create_app(root)

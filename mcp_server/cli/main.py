@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional
 
-from . import __version__
+from mcp_server import __version__
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
 
@@ -20,14 +20,14 @@ def command(name: str):
 
 
 def _engine(args):
-    from .engine import Engine
+    from mcp_server.loop.engine import Engine
 
     return Engine(getattr(args, "workspace", None), recover=False)
 
 
 @command("init")
 def cmd_init(args) -> int:
-    from .workspace import init_workspace
+    from mcp_server.loop.workspace import init_workspace
 
     ws = init_workspace(args.dir, tag=args.tag, corpus=args.corpus, time_budget=args.time_budget, force=args.force)
     print(f"workspace ready: {ws.root} (campaign '{args.tag}', branch loopwright/{args.tag})")
@@ -40,8 +40,8 @@ def cmd_init(args) -> int:
 def cmd_serve(args) -> int:
     import os
 
-    from .server import serve
-    from .workspace import Workspace, WorkspaceError
+    from mcp_server.mcp.server import serve
+    from mcp_server.loop.workspace import Workspace, WorkspaceError
 
     start = args.workspace or os.environ.get("LOOPWRIGHT_WORKSPACE") or os.getcwd()
     try:
@@ -91,7 +91,7 @@ def cmd_status(args) -> int:
 
 @command("export-tsv")
 def cmd_export_tsv(args) -> int:
-    from .tsv import export_tsv
+    from mcp_server.report.tsv import export_tsv
 
     with _engine(args) as eng:
         text = export_tsv(eng.ledger, eng.campaign["id"])
@@ -199,16 +199,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_extension_parsers(sub, ws_arg) -> None:
     """Commands owned by other modules register here (guard, doctor, run/demo/report, launch, cron, ...)."""
-    from . import cli_ext
+    from mcp_server.cli import commands as cli_ext
 
     cli_ext.register(sub, ws_arg, command)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    from .config import ConfigError
-    from .engine import LoopError
-    from .workspace import WorkspaceError
+    from mcp_server.loop.config import ConfigError
+    from mcp_server.loop.engine import LoopError
+    from mcp_server.loop.workspace import WorkspaceError
 
     try:
         return COMMANDS[args.command](args) or 0

@@ -266,6 +266,12 @@ class Ledger:
         }
         return {k: int(self.conn.execute(sql, (campaign_id,)).fetchone()[0]) for k, sql in q.items()}
 
+    def progress_mark(self) -> int:
+        """A number that grows whenever the agent moves the loop: finished experiments, verdicts, notes."""
+        return self.conn.execute(
+            "SELECT (SELECT COUNT(*) FROM experiments WHERE status != 'running') + "
+            "(SELECT COUNT(*) FROM experiments WHERE verdict IS NOT NULL) + (SELECT COUNT(*) FROM notes)").fetchone()[0]
+
     def running_experiments(self) -> list[dict]:
         return [dict(r) for r in self.conn.execute("SELECT * FROM experiments WHERE status='running'")]
 

@@ -5,8 +5,8 @@ from typing import Optional
 
 from pydantic import BaseModel
 
-from .config import BudgetConfig
-from .ledger import Ledger
+from mcp_server.loop.config import BudgetConfig
+from mcp_server.ledger.store import Ledger
 
 
 class BudgetStatus(BaseModel):

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from . import config as cfgmod
-from . import gitops
-from .ledger import Ledger
+from mcp_server.loop import config as cfgmod
+from mcp_server.loop import gitops
+from mcp_server.ledger.store import Ledger
 
 LOCK_NAME = "loopwright.lock"   # committed manifest of what decides the score
 # Every tool through which an agent can write or read files, in either client (as hooks/hooks.json).
@@ -32,10 +32,12 @@ class WorkspaceError(RuntimeError):
 
 def bench_source_dir(name: str = "gpt") -> Path:
     """Where the bundled benchmark files live (source checkout or installed data files)."""
-    candidates = [
-        Path(__file__).resolve().parent.parent / "bench" / name,
-        Path(sys.prefix) / "share" / "loopwright" / "bench" / name,
-    ]
+    candidates = [Path(__file__).resolve().parents[2] / "bench" / name]   # a source checkout
+    try:   # an installed wheel: the benchmark is package data of mcp_server._bench
+        from importlib.resources import files
+        candidates.append(Path(str(files("mcp_server._bench"))) / name)
+    except (ImportError, ModuleNotFoundError, TypeError):
+        pass
     for c in candidates:
         if all((c / f).is_file() for f in BENCH_FILES):
             return c

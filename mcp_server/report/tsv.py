@@ -1,7 +1,7 @@
 """results.tsv in autoresearch's columns (commit val_bpb memory_gb status description), extras after."""
 from __future__ import annotations
 
-from .ledger import Ledger
+from mcp_server.ledger.store import Ledger
 
 COLUMNS = ("commit", "val_bpb", "memory_gb", "status", "description",
            "experiment_id", "verdict", "seed", "test_bpb", "confirm_of", "hypothesis", "reason")

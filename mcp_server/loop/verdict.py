@@ -14,7 +14,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Literal, Sequence
 
-from .config import NoiseConfig
+from mcp_server.loop.config import NoiseConfig
 
 VerdictKind = Literal["keep", "discard", "retest"]
 

@@ -27,10 +27,11 @@ class Check:
 
 
 def _workspace_checks(start: Optional[str]) -> tuple[list[Check], Optional[Path]]:
-    from . import gitops, integrity
-    from .config import ConfigError
-    from .engine import Engine
-    from .workspace import Workspace, WorkspaceError
+    from mcp_server.loop import gitops
+    from mcp_server.loop import integrity
+    from mcp_server.loop.config import ConfigError
+    from mcp_server.loop.engine import Engine
+    from mcp_server.loop.workspace import Workspace, WorkspaceError
 
     out: list[Check] = []
     try:
@@ -161,7 +162,7 @@ def run_doctor(workspace: Optional[str], skip_server: bool = False) -> int:
 
 
 def codex_block(root: Path) -> str:
-    from .workspace import client_configs
+    from mcp_server.loop.workspace import client_configs
 
     return f"{MARK_BEGIN}\n{client_configs(root, sys.executable)['.codex/config.toml']}{MARK_END}\n"
 

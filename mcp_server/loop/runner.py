@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from . import gitops
-from .workspace import Workspace
+from mcp_server.loop import gitops
+from mcp_server.loop.workspace import Workspace
 
 ProgressFn = Callable[[int, float, float, float], None]   # step, loss, elapsed, remaining
 

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from . import config as cfgmod
-from . import gitops
-from .workspace import LOCK_NAME, Workspace, prepare_data
+from mcp_server.loop import config as cfgmod
+from mcp_server.loop import gitops
+from mcp_server.loop.workspace import LOCK_NAME, Workspace, prepare_data
 
 
 @dataclass(frozen=True)

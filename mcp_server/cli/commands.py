@@ -10,7 +10,7 @@ def register(sub, ws_arg, command) -> None:
 
     @command("guard")
     def cmd_guard(args) -> int:
-        from . import guard
+        from mcp_server.guard import hook as guard
 
         return guard.main([args.event])
 
@@ -19,7 +19,7 @@ def register(sub, ws_arg, command) -> None:
 
     @command("doctor")
     def cmd_doctor(args) -> int:
-        from .doctor import run_doctor
+        from mcp_server.cli.doctor import run_doctor
 
         return run_doctor(args.workspace, skip_server=args.skip_server)
 
@@ -32,8 +32,8 @@ def register(sub, ws_arg, command) -> None:
         import os
         from pathlib import Path
 
-        from .doctor import codex_block, write_codex_config
-        from .workspace import Workspace
+        from mcp_server.cli.doctor import codex_block, write_codex_config
+        from mcp_server.loop.workspace import Workspace
 
         root = Workspace.find(args.workspace).root
         if not args.write:
@@ -52,8 +52,8 @@ def register(sub, ws_arg, command) -> None:
 
     @command("cron")
     def cmd_cron(args) -> int:
-        from .triggers import cron
-        from .workspace import Workspace
+        from mcp_server.triggers import cron
+        from mcp_server.loop.workspace import Workspace
 
         root = Workspace.find(args.workspace).root
         if args.install:
@@ -77,9 +77,9 @@ def register(sub, ws_arg, command) -> None:
     def cmd_launch(args) -> int:
         import signal
 
-        from .launch import LaunchError, launch_session, session_report
-        from .triggers.common import SESSION_LOCK, SessionLock
-        from .workspace import Workspace
+        from mcp_server.agents.launch import LaunchError, launch_session, session_report
+        from mcp_server.triggers.common import SESSION_LOCK, SessionLock
+        from mcp_server.loop.workspace import Workspace
 
         ws = Workspace.find(args.workspace)
         held = SessionLock(ws.state_dir / SESSION_LOCK).try_acquire()
@@ -111,8 +111,8 @@ def register(sub, ws_arg, command) -> None:
 
     @command("webhook")
     def cmd_webhook(args) -> int:
-        from .triggers import webhook
-        from .workspace import Workspace
+        from mcp_server.triggers import webhook
+        from mcp_server.loop.workspace import Workspace
 
         webhook.serve(Workspace.find(args.workspace).root, host=args.host, port=args.port)
         return 0
@@ -121,8 +121,8 @@ def register(sub, ws_arg, command) -> None:
 
     @command("notify")
     def cmd_notify(args) -> int:
-        from .notify.outbox import notify_workspace
-        from .workspace import Workspace
+        from mcp_server.notify.outbox import notify_workspace
+        from mcp_server.loop.workspace import Workspace
 
         print(notify_workspace(Workspace.find(args.workspace).root))
         return 0
@@ -144,9 +144,9 @@ def register(sub, ws_arg, command) -> None:
     def cmd_run(args) -> int:
         from rich.console import Console
 
-        from .demo import Display, ProgressState
-        from .proposer import AgentError, run_builtin
-        from .workspace import Workspace
+        from mcp_server.cli.demo import Display, ProgressState
+        from mcp_server.agents.builtin import AgentError, run_builtin
+        from mcp_server.loop.workspace import Workspace
 
         if args.n is not None and args.n < 0:
             print("loopwright run: -n must be >= 0", file=sys.stderr)
@@ -185,7 +185,7 @@ def register(sub, ws_arg, command) -> None:
 
     @command("demo")
     def cmd_demo(args) -> int:
-        from . import demo
+        from mcp_server.cli import demo
 
         if args.time_budget is not None and args.time_budget <= 0:
             print("loopwright demo: --time-budget must be a positive number of seconds", file=sys.stderr)
@@ -205,7 +205,7 @@ def register(sub, ws_arg, command) -> None:
 
     @command("report")
     def cmd_report(args) -> int:
-        from .report import write_report
+        from mcp_server.report.writer import write_report
 
         files = write_report(args.workspace)
         print(f"{files.data.title}")

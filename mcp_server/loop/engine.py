@@ -16,12 +16,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Optional
 
-from . import budget as budgetmod
-from . import gitops, integrity, runner, verdict
-from .ledger import Ledger
-from .models import (BaselineInfo, BudgetResult, ExperimentResult, ExperimentRow, NoiseInfo, NoteResult,
+from mcp_server.loop import budget as budgetmod
+from mcp_server.loop import gitops
+from mcp_server.loop import integrity
+from mcp_server.loop import runner
+from mcp_server.loop import verdict
+from mcp_server.ledger.store import Ledger
+from mcp_server.loop.models import (BaselineInfo, BudgetResult, ExperimentResult, ExperimentRow, NoiseInfo, NoteResult,
                      NoteRow, RevertResult, ScoreResult, StateView, Summary)
-from .workspace import Workspace, sinks_for
+from mcp_server.loop.workspace import Workspace, sinks_for
 
 NOTE_KINDS = ("lesson", "dead_end", "idea", "observation")
 STATE_VIEWS = ("summary", "history", "best", "notes", "noise", "tried")
@@ -62,12 +65,12 @@ class Engine:
         def deliver() -> None:
             try:
                 # Refresh progress.png first: the Slack message for a keep uploads it.
-                from .report import write_report
+                from mcp_server.report.writer import write_report
                 write_report(root)
             except Exception:  # noqa: BLE001 - a missing plot never blocks a message
                 pass
             try:
-                from .notify.outbox import notify_workspace
+                from mcp_server.notify.outbox import notify_workspace
                 notify_workspace(root)
             except Exception:  # noqa: BLE001 - a connector failure never touches the loop
                 pass
@@ -252,7 +255,7 @@ class Engine:
             raise LoopError(f"exact repeat of experiment #{p['id']} ({p['description']!r}: status {p['status']}, "
                             f"val_bpb {p['val_bpb']}, verdict {p['verdict']}). Try something else; "
                             "state_read(view='tried') lists what was tried.")
-        from .mechanisms import near_repeat_warnings
+        from mcp_server.mechanisms import near_repeat_warnings
         warnings = near_repeat_warnings(self)   # search mechanisms (tabu): near repeats of tried versions
         self._abandon_pending_retests(c)
         try:
@@ -610,58 +613,3 @@ def _mem_gb(summary: dict) -> Optional[float]:
 
 def _int(v) -> Optional[int]:
     return None if v is None else int(v)
-
-
-# -- helpers for the hooks (kept cheap: no torch, no MCP) ------------------------
-
-def loop_status(root: Path | str) -> dict:
-    """For the Stop hook: should the agent stop, and if not, what next."""
-    eng = Engine(root, recover=False)
-    try:
-        b = eng.budget()
-        s = eng.summary()
-        # Anything the agent did that moved the loop: finished experiments, verdicts, notes.
-        progress = eng.ledger.conn.execute(
-            "SELECT (SELECT COUNT(*) FROM experiments WHERE status != 'running') + "
-            "(SELECT COUNT(*) FROM experiments WHERE verdict IS NOT NULL) + (SELECT COUNT(*) FROM notes)").fetchone()[0]
-        if b.should_stop:
-            return {"should_stop": True, "reason": "; ".join(b.reasons), "next_step": b.next_step,
-                    "progress": progress}
-        if s.pending_retest:
-            nxt = f"Experiment {s.pending_retest[-1]} awaits a confirm run: run_experiment(confirm_of={s.pending_retest[-1]})."
-        elif s.pending_score:
-            nxt = f"Experiment {s.pending_score[-1]} is not scored yet: call score({s.pending_score[-1]})."
-        else:
-            left = "" if b.experiments_left is None else f" ({b.experiments_left} experiments left)"
-            nxt = (f"Budget remains{left}. Do not stop and do not ask whether to continue: pick the next idea "
-                   "(suggest_next helps), edit train.py, call run_experiment, then score.")
-        return {"should_stop": False, "reason": "budget remains", "next_step": nxt, "progress": progress}
-    finally:
-        eng.close()
-
-
-def session_summary(root: Path | str) -> str:
-    """For SessionStart: a short state summary so a new session resumes instead of restarting."""
-    eng = Engine(root, recover=False)
-    try:
-        s = eng.summary()
-        b = eng.budget()
-        lines = [f"loopwright campaign '{s.tag}' (branch {s.branch}). Read program.md; only train.py may be edited.",
-                 f"Best val_bpb: {s.best_val_bpb if s.best_val_bpb is not None else 'no baseline yet'} "
-                 f"(baseline {s.baseline_val_bpb}); {s.experiments} experiments, {s.kept} kept, {s.crashed} failed.",
-                 f"Budget: {b.experiments_left} experiments, {b.hours_left} h, ${b.cost_left_usd} left; "
-                 f"should_stop={b.should_stop}."]
-        recent = eng.ledger.experiments(eng.campaign["id"], limit=5, newest_first=True, where="is_baseline=0")
-        if recent:
-            lines.append("Recent: " + "; ".join(f"#{r['id']} {r['verdict'] or r['status']} {r['description'][:60]}"
-                                                for r in recent))
-        notes = eng.ledger.notes(eng.campaign["id"], limit=5)
-        if notes:
-            lines.append("Notes: " + "; ".join(f"[{n['kind']}] {n['text'][:120]}" for n in notes))
-        if s.pending_retest:
-            lines.append(f"Pending: confirm run for experiment {s.pending_retest[-1]}.")
-        elif s.pending_score:
-            lines.append(f"Pending: score({s.pending_score[-1]}).")
-        return "\n".join(lines)
-    finally:
-        eng.close()

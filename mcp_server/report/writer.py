@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from . import verdict as verdictmod
-from .config import LoopwrightConfig
+from mcp_server.loop import verdict as verdictmod
+from mcp_server.loop.config import LoopwrightConfig
 
 FAILED = ("crash", "timeout", "rejected")
 
@@ -329,9 +329,9 @@ class ReportFiles:
 
 
 def write_report(workspace: Path | str | None = None) -> ReportFiles:
-    from . import budget as budgetmod
-    from .engine import Engine
-    from .tsv import export_tsv
+    from mcp_server.loop import budget as budgetmod
+    from mcp_server.loop.engine import Engine
+    from mcp_server.report.tsv import export_tsv
 
     eng = Engine(workspace, recover=False)
     try:

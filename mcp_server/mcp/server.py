@@ -20,9 +20,9 @@ from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 
-from . import __version__
-from .engine import Engine, LoopError
-from .models import BudgetResult, ExperimentResult, NoteResult, RevertResult, ScoreResult, StateView
+from mcp_server import __version__
+from mcp_server.loop.engine import Engine, LoopError
+from mcp_server.loop.models import BudgetResult, ExperimentResult, NoteResult, RevertResult, ScoreResult, StateView
 
 log = logging.getLogger("loopwright.server")
 
@@ -135,7 +135,7 @@ def _session_id() -> Optional[int]:
 def _register_extensions(server: MCPServer, in_thread) -> None:
     """Optional tools from other modules (search mechanisms), registered when present."""
     try:
-        from .mechanisms import register_tools
+        from mcp_server.mechanisms import register_tools
     except ImportError:
         return
     register_tools(server, in_thread)

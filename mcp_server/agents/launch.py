@@ -461,8 +461,8 @@ def launch_session(root: Path | str, agent: str, trigger: str = "manual", detail
     Raises LaunchError (nothing recorded) when the budget is spent, the agent is unknown or its
     binary is missing. Anything after the start (crash, kill at the wall-clock limit, Ctrl-C) is
     recorded; Ctrl-C / SIGTERM are re-raised after the record is written."""
-    from .engine import Engine
-    from .workspace import Workspace, sinks_for
+    from mcp_server.loop.engine import Engine
+    from mcp_server.loop.workspace import Workspace, sinks_for
 
     if agent not in AGENTS:
         raise LaunchError(f"unknown agent {agent!r}; use one of {', '.join(AGENTS)}")
@@ -560,7 +560,7 @@ def _record_end(ledger, sid: int, campaign_id: int, agent: str, trigger: str, st
 def _deliver(root: Path) -> None:
     """Best effort: the outbox keeps what fails for `loopwright notify` / the next delivery pass."""
     try:
-        from .notify.outbox import notify_workspace
+        from mcp_server.notify.outbox import notify_workspace
         notify_workspace(root)
     except Exception:  # noqa: BLE001 - a connector failure never fails the session record
         pass
@@ -568,7 +568,7 @@ def _deliver(root: Path) -> None:
 
 def session_report(root: Path | str, session_id: int) -> tuple[str, Optional[int]]:
     """(one line for the CLI: exit, turns, cost, experiments, where the log is; the exit code)."""
-    from .workspace import Workspace
+    from mcp_server.loop.workspace import Workspace
 
     with Workspace.open(root).ledger() as ledger:
         s = ledger.session(session_id)

@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterable, Optional
 
 import anyio
 
-from .mechanisms.source import Constant, Value, all_constants, constant_values, skeleton, tunable_constants
+from mcp_server.mechanisms.source import Constant, Value, all_constants, constant_values, skeleton, tunable_constants
 
 # ---------------------------------------------------------------------------
 # Editing train.py: rewrite one literal on its line, nothing else.
@@ -594,7 +594,7 @@ async def run_session(workspace: Path | str, n: Optional[int] = None, wall_secon
     from mcp import Client
     from mcp.client.stdio import stdio_client
 
-    from .workspace import Workspace
+    from mcp_server.loop.workspace import Workspace
 
     ws = Workspace.find(workspace)
     if n is not None and n < 0:

@@ -13,7 +13,7 @@ What cannot be known before running (a path computed at run time, a script
 fetched or decoded on the fly) is the manifest check's job, not this module's:
 see mcp_server/integrity.py.
 
-The policy object is duck-typed (mcp_server.guard.Policy); this module does not
+The policy object is duck-typed (mcp_server.guard.hook.Policy); this module does not
 import guard.py so the two stay independently testable.
 """
 from __future__ import annotations

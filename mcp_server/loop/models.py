@@ -5,7 +5,7 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, Field
 
-from .budget import BudgetStatus
+from mcp_server.loop.budget import BudgetStatus
 
 
 class ExperimentRow(BaseModel):

@@ -15,7 +15,7 @@ before it runs, never what a program computes at run time. The frozen-manifest c
 (mcp_server/integrity.py) catches the rest before every run and score.
 
 A hook runs on every tool call, so the hot path imports only the standard library;
-mcp_server.config (pydantic) is imported only when loopwright.toml's [paths] table is
+mcp_server.loop.config (pydantic) is imported only when loopwright.toml's [paths] table is
 incomplete or invalid. Output formats: see `emit_pre_tool_use` and `main`.
 
 Decisions worth knowing:
@@ -53,7 +53,7 @@ try:
 except ModuleNotFoundError:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-from mcp_server.guard_bash import ShellGuard
+from mcp_server.guard.shell import ShellGuard
 
 CONFIG_NAME = "loopwright.toml"
 PATH_KEYS = ("editable", "frozen", "hidden", "state_dir")
@@ -444,7 +444,7 @@ class Policy:
 
 
 def policy_from_config(root, paths) -> Policy:
-    """Policy from a workspace root and a PathsConfig (mcp_server.config)."""
+    """Policy from a workspace root and a PathsConfig (mcp_server.loop.config)."""
     return Policy(str(root), paths.editable, paths.frozen, paths.hidden, paths.state_dir)
 
 
@@ -475,7 +475,7 @@ def load_policy(root) -> Policy:
     except (OSError, ValueError) as e:          # TOMLDecodeError is a ValueError
         _note(f"loopwright guard: {CONFIG_NAME} unreadable ({e}); using the default protected paths")
         return policy_from_config(root, _default_paths())
-    from mcp_server.config import ConfigError, load_config
+    from mcp_server.loop.config import ConfigError, load_config
     try:
         paths = load_config(root).paths
     except (ConfigError, OSError, ValueError) as e:
@@ -485,7 +485,7 @@ def load_policy(root) -> Policy:
 
 
 def _default_paths():
-    from mcp_server.config import PathsConfig
+    from mcp_server.loop.config import PathsConfig
     return PathsConfig()
 
 
@@ -724,9 +724,9 @@ def stop_decision(payload: dict, status: Any, idle_blocks: int = 0,
 
 
 def load_status(root) -> Optional[dict]:
-    """The loop's budget status from mcp_server.engine.loop_status, or None when unknown."""
+    """The loop's budget status from mcp_server.loop.status.loop_status, or None when unknown."""
     try:
-        from mcp_server.engine import loop_status
+        from mcp_server.loop.status import loop_status
     except ImportError as e:
         _note(f"loopwright guard: loop status unavailable ({e}); letting the agent stop")
         return None
@@ -773,7 +773,7 @@ def run_stop(payload: dict, root: str) -> Optional[dict]:
 def session_start_context(payload: dict, root: str) -> str:
     """The text given to a starting, resumed or compacted session."""
     try:
-        from mcp_server.engine import session_summary
+        from mcp_server.loop.status import session_summary
     except ImportError:
         return _fallback_context(root)
     try:

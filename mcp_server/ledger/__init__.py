@@ -1,0 +1,1 @@
+"""The ledger: the loop's SQLite state. The only place in loopwright that speaks SQL."""

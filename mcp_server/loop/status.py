@@ -1,0 +1,58 @@
+"""Cheap views of the loop for the hooks: the Stop hook's should-stop answer and the
+SessionStart summary (no torch, no MCP)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from mcp_server.loop.engine import Engine
+
+
+def loop_status(root: Path | str) -> dict:
+    """For the Stop hook: should the agent stop, and if not, what next."""
+    eng = Engine(root, recover=False)
+    try:
+        b = eng.budget()
+        s = eng.summary()
+        # Anything the agent did that moved the loop: finished experiments, verdicts, notes.
+        progress = eng.ledger.progress_mark()
+        if b.should_stop:
+            return {"should_stop": True, "reason": "; ".join(b.reasons), "next_step": b.next_step,
+                    "progress": progress}
+        if s.pending_retest:
+            nxt = f"Experiment {s.pending_retest[-1]} awaits a confirm run: run_experiment(confirm_of={s.pending_retest[-1]})."
+        elif s.pending_score:
+            nxt = f"Experiment {s.pending_score[-1]} is not scored yet: call score({s.pending_score[-1]})."
+        else:
+            left = "" if b.experiments_left is None else f" ({b.experiments_left} experiments left)"
+            nxt = (f"Budget remains{left}. Do not stop and do not ask whether to continue: pick the next idea "
+                   "(suggest_next helps), edit train.py, call run_experiment, then score.")
+        return {"should_stop": False, "reason": "budget remains", "next_step": nxt, "progress": progress}
+    finally:
+        eng.close()
+
+
+def session_summary(root: Path | str) -> str:
+    """For SessionStart: a short state summary so a new session resumes instead of restarting."""
+    eng = Engine(root, recover=False)
+    try:
+        s = eng.summary()
+        b = eng.budget()
+        lines = [f"loopwright campaign '{s.tag}' (branch {s.branch}). Read program.md; only train.py may be edited.",
+                 f"Best val_bpb: {s.best_val_bpb if s.best_val_bpb is not None else 'no baseline yet'} "
+                 f"(baseline {s.baseline_val_bpb}); {s.experiments} experiments, {s.kept} kept, {s.crashed} failed.",
+                 f"Budget: {b.experiments_left} experiments, {b.hours_left} h, ${b.cost_left_usd} left; "
+                 f"should_stop={b.should_stop}."]
+        recent = eng.ledger.experiments(eng.campaign["id"], limit=5, newest_first=True, where="is_baseline=0")
+        if recent:
+            lines.append("Recent: " + "; ".join(f"#{r['id']} {r['verdict'] or r['status']} {r['description'][:60]}"
+                                                for r in recent))
+        notes = eng.ledger.notes(eng.campaign["id"], limit=5)
+        if notes:
+            lines.append("Notes: " + "; ".join(f"[{n['kind']}] {n['text'][:120]}" for n in notes))
+        if s.pending_retest:
+            lines.append(f"Pending: confirm run for experiment {s.pending_retest[-1]}.")
+        elif s.pending_score:
+            lines.append(f"Pending: score({s.pending_score[-1]}).")
+        return "\n".join(lines)
+    finally:
+        eng.close()

@@ -1,0 +1,1 @@
+"""The MCP face of the loop: a thin server over the engine."""

@@ -1,0 +1,1 @@
+"""Human-facing output: progress.png, report.md, results.tsv."""
