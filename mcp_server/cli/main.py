@@ -129,6 +129,7 @@ def cmd_run_experiment(args) -> int:
                                  on_progress=lambda s, l, e, r: print(f"step {s} loss {l:.4f} {r:.0f}s left",
                                                                       file=sys.stderr))
         print(res.model_dump_json(indent=2))
+    _deliver_events(eng.ws.root)
     return 0
 
 
@@ -136,7 +137,17 @@ def cmd_run_experiment(args) -> int:
 def cmd_score(args) -> int:
     with _engine(args) as eng:
         print(eng.score(args.experiment_id).model_dump_json(indent=2))
+    _deliver_events(eng.ws.root)
     return 0
+
+
+def _deliver_events(root, wait_s: float = 60.0) -> None:
+    """The engine records events; a short-lived command sends them before it exits (the outbox
+    retries whatever does not go out now)."""
+    from mcp_server.notify.outbox import deliver_in_background
+    thread = deliver_in_background(root)
+    if thread is not None:
+        thread.join(wait_s)
 
 
 @command("revert")

@@ -381,6 +381,12 @@ class Ledger:
         with self.tx() as c:
             return c.execute(sql, args).rowcount
 
+    def has_due_deliveries(self, now: Optional[float] = None) -> bool:
+        """Is any (event, sink) delivery pending and due? Cheap: one index probe."""
+        now = time.time() if now is None else now
+        return self.conn.execute("SELECT 1 FROM deliveries WHERE status='pending' AND next_attempt_at<=? LIMIT 1",
+                                 (now,)).fetchone() is not None
+
     def due_deliveries(self, sink: str, now: Optional[float] = None, limit: int = 50) -> list[dict]:
         now = time.time() if now is None else now
         rows = self.conn.execute(

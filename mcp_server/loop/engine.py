@@ -10,7 +10,6 @@ import hashlib
 import json
 import os
 import statistics
-import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,7 +20,6 @@ from mcp_server.loop import gitops
 from mcp_server.loop import integrity
 from mcp_server.loop import runner
 from mcp_server.loop import verdict
-from mcp_server.ledger.store import Ledger
 from mcp_server.loop.models import (BaselineInfo, BudgetResult, ExperimentResult, ExperimentRow, NoiseInfo, NoteResult,
                      NoteRow, RevertResult, ScoreResult, StateView, Summary)
 from mcp_server.loop.workspace import Workspace, sinks_for
@@ -55,27 +53,6 @@ class Engine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def _notify_soon(self) -> None:
-        """Deliver new events to Slack / Jira in the background; the outbox retries whatever fails."""
-        if not sinks_for(self.ws.cfg):
-            return
-        root = self.ws.root
-
-        def deliver() -> None:
-            try:
-                # Refresh progress.png first: the Slack message for a keep uploads it.
-                from mcp_server.report.writer import write_report
-                write_report(root)
-            except Exception:  # noqa: BLE001 - a missing plot never blocks a message
-                pass
-            try:
-                from mcp_server.notify.outbox import notify_workspace
-                notify_workspace(root)
-            except Exception:  # noqa: BLE001 - a connector failure never touches the loop
-                pass
-
-        threading.Thread(target=deliver, name="loopwright-notify", daemon=True).start()
 
     # -- campaign and best ----------------------------------------------------
     @property
@@ -151,7 +128,6 @@ class Engine:
         self.ledger.add_event(c["id"], "tamper", {"files": [m.path for m in mism], "when": when,
                                                   "detail": integrity.describe(mism), "action": actions},
                               sinks=sinks_for(self.ws.cfg))
-        self._notify_soon()
         raise LoopError(f"integrity check failed {when}: {integrity.describe(mism)}. The pinned files were "
                         f"restored and a tamper event was recorded; nothing was run or scored. Only "
                         f"{', '.join(self.ws.cfg.paths.editable)} may change -- make your change there and "
@@ -205,6 +181,7 @@ class Engine:
             else:
                 res = self._run_candidate(c, description, hypothesis, on_progress, session_id)
             res.baseline = baseline
+            self._record_if_budget_spent(c)
             return res
 
     def _measure_baseline(self, c: dict, on_progress, session_id) -> BaselineInfo:
@@ -380,7 +357,6 @@ class Engine:
         n = self._crash_streak_len()
         if len(recent) == n and all(r["status"] in ("crash", "timeout", "rejected") for r in recent):
             self.ledger.add_event(c["id"], "crash_streak", {"count": n, "last_reason": row["reason"]}, sinks)
-        self._notify_soon()
 
     def _crash_streak_len(self) -> int:
         return self.ws.cfg.slack.crash_streak if self.ws.cfg.slack else 3
@@ -443,7 +419,7 @@ class Engine:
                 gitops.reset_to(self.ws.root, c["best_commit"])
                 nxt = "Discarded: train.py is back at the best version. Note the dead end, then try something else."
             self._maybe_plateau(c)
-            self._notify_soon()
+            self._record_if_budget_spent(c)
             c = self.ledger.campaign(c["id"])
             best_after, _ = self.best(c)
             return ScoreResult(experiment_id=exp["id"], verdict=v.kind, gain=round(v.gain, 6),
@@ -527,15 +503,19 @@ class Engine:
         stop = self.ledger.kv_get("stop_requested")
         reasons = list(st.reasons) + ([f"stop requested: {stop}"] if stop else [])
         should_stop = bool(reasons)
-        if should_stop and not self.ledger.kv_get(f"budget_spent_notified:{c['id']}"):
-            self.ledger.kv_set(f"budget_spent_notified:{c['id']}", "1")
-            self.ledger.add_event(c["id"], "budget_spent", {"reasons": reasons, "tag": c["tag"], "best": best},
-                                  sinks_for(self.ws.cfg))
-            self._notify_soon()
         nxt = ("Stop now: the budget is spent. Summarise what you learned with note()." if should_stop else
                "Budget remains: keep going (state_read, edit train.py, run_experiment, score).")
         return BudgetResult(**{**st.model_dump(), "reasons": reasons, "should_stop": should_stop},
                             stop_requested=stop, next_step=nxt)
+
+    def _record_if_budget_spent(self, c: dict) -> None:
+        """After a write (a run recorded, a verdict given): the first time the budget is spent, record the
+        budget_spent event, once. budget() itself only reads."""
+        b = self.budget(c)
+        if b.should_stop and not self.ledger.kv_get(f"budget_spent_notified:{c['id']}"):
+            self.ledger.kv_set(f"budget_spent_notified:{c['id']}", "1")
+            self.ledger.add_event(c["id"], "budget_spent", {"reasons": b.reasons, "tag": c["tag"],
+                                                            "best": self.best(c)[0]}, sinks_for(self.ws.cfg))
 
     def state(self, view: str = "summary", limit: int = 20) -> StateView:
         if view not in STATE_VIEWS:

@@ -65,6 +65,7 @@ def build_server(workspace: Path | str, strict: bool = True) -> MCPServer:
                             "recorded. Report this to the loopwright maintainers.") from None
         finally:
             eng.close()
+            _deliver_events(root)
 
     async def in_thread(fn: Callable[[Engine], Any]) -> Any:
         return await anyio.to_thread.run_sync(lambda: call(fn))
@@ -124,6 +125,15 @@ def build_server(workspace: Path | str, strict: bool = True) -> MCPServer:
 
     _register_extensions(server, in_thread)
     return server
+
+
+def _deliver_events(root: Path) -> None:
+    """Events the engine recorded (keep, crash, tamper, budget spent) go out from here, the edge."""
+    try:
+        from mcp_server.notify.outbox import deliver_in_background
+        deliver_in_background(root)
+    except Exception:  # noqa: BLE001 - delivery is retried by the outbox; never fail a tool call for it
+        log.debug("could not start event delivery", exc_info=True)
 
 
 def _session_id() -> Optional[int]:

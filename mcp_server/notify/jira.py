@@ -19,7 +19,7 @@ import logging
 from typing import Mapping, Optional
 
 from mcp_server.notify.fmt import join, keep_deltas, num
-from mcp_server.notify.outbox import DeliveryError, Event, ledger_uid, redact
+from mcp_server.notify.events import DeliveryError, Event, ledger_uid, redact
 
 log = logging.getLogger("loopwright.notify.jira")
 

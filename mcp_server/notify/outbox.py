@@ -16,11 +16,12 @@ from __future__ import annotations
 import logging
 import os
 import random
-import re
-import secrets
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping, Optional, Protocol
+from typing import Mapping, Optional, Protocol
+
+from mcp_server.notify.events import DeliveryError, Event, ledger_uid, redact  # noqa: F401 (re-exported)
 
 log = logging.getLogger("loopwright.notify")
 
@@ -28,28 +29,6 @@ MAX_ATTEMPTS = 8
 BASE_DELAY_S = 30.0
 MAX_DELAY_S = 3600.0
 BATCH = 50
-
-
-class DeliveryError(Exception):
-    """A sink's failure, already redacted. A `sink_wide` one (network, 5xx, 429, bad credentials)
-    would hit the next rows too, so it ends the sink's pass; others fail only their own row."""
-
-    def __init__(self, message: str, sink_wide: bool = False, retry_after: Optional[float] = None):
-        super().__init__(message)
-        self.sink_wide = sink_wide or retry_after is not None
-        self.retry_after = retry_after
-
-
-@dataclass
-class Event:
-    event_id: int
-    kind: str
-    payload: dict
-    campaign_id: Optional[int]
-    created_at: float
-    attempts: int                 # attempts made before this one
-    external_ref: Optional[str]   # what an earlier, partly successful attempt saved
-    checkpoint: Callable[[str], None] = lambda ref: None
 
 
 class Sink(Protocol):
@@ -96,33 +75,6 @@ def backoff_delay(attempts: int, rng: random.Random | None = None,
     (half fixed, half random) so that many workspaces don't retry in lockstep."""
     d = min(cap, base * 2 ** max(0, attempts - 1))
     return d / 2 + (rng or random).uniform(0, d / 2)
-
-
-_SECRET_PATTERNS = [
-    (re.compile(r"xox[a-z]-[A-Za-z0-9-]+"), "xox*-***"),                                   # Slack tokens
-    (re.compile(r"hooks\.slack\.com/services/[A-Za-z0-9/_-]+"), "hooks.slack.com/services/***"),
-    (re.compile(r"(?i)\b(basic|bearer)\s+[A-Za-z0-9+/=._-]{8,}"), r"\1 ***"),                # auth headers
-]
-
-
-def redact(text: str, secret_values: Iterable[Optional[str]] = ()) -> str:
-    """`text` without the given secret values and anything shaped like a token or credential."""
-    for s in secret_values:
-        if s:
-            text = text.replace(s, "***")
-    for pat, repl in _SECRET_PATTERNS:
-        text = pat.sub(repl, text)
-    return text
-
-
-def ledger_uid(ledger) -> str:
-    """A random id for this ledger, made once; it marks our messages and issues so that a retry
-    after an ambiguous failure (a timeout) can find what the first attempt already created."""
-    uid = ledger.kv_get("ledger_uid")
-    if uid is None:
-        uid = secrets.token_hex(6)
-        ledger.kv_set("ledger_uid", uid)
-    return uid
 
 
 def build_sinks(cfg, ledger, env: Mapping[str, str] | None = None) -> tuple[list, list[str]]:
@@ -208,3 +160,30 @@ def notify_workspace(root=None) -> DeliveryReport:
     ws = Workspace.find(root)
     with ws.ledger() as ledger:
         return deliver_pending(ledger, ws.cfg)
+
+
+def deliver_in_background(root) -> Optional[threading.Thread]:
+    """For long-lived processes (the MCP server): refresh the report (a keep's Slack message uploads
+    progress.png), then deliver what is due, in a daemon thread. The engine only records events; this is
+    the edge that sends them. A failure here never touches the loop: the outbox retries later."""
+    from mcp_server.loop.workspace import Workspace
+
+    ws = Workspace.find(root)
+    with ws.ledger() as ledger:
+        if not ledger.has_due_deliveries():
+            return None
+
+    def deliver() -> None:
+        try:
+            from mcp_server.report.writer import write_report
+            write_report(ws.root)
+        except Exception:  # noqa: BLE001 - a missing plot never blocks a message
+            log.debug("report before delivery failed", exc_info=True)
+        try:
+            notify_workspace(ws.root)
+        except Exception:  # noqa: BLE001 - a connector failure never touches the loop
+            log.debug("delivery pass failed", exc_info=True)
+
+    thread = threading.Thread(target=deliver, name="loopwright-notify", daemon=True)
+    thread.start()
+    return thread
