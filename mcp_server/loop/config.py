@@ -83,6 +83,11 @@ class NoiseConfig(_Section):
     retest_band: float = Field(default=0.5, ge=0, lt=1,
                                description="gains in [(1-band)*threshold, threshold) get a retest verdict")
     max_confirms: int = Field(default=2, ge=1, le=10)
+    # paired verdicts (mcp_server/loop/verdict.py)
+    sigma_prior: float = Field(default=0.02, ge=0, description="prior SD of a paired difference (bits/byte)")
+    prior_pairs: float = Field(default=3.0, ge=0, description="how many pairs' worth of evidence the prior is")
+    rotate_every: int = Field(default=6, ge=0, description="candidates per seed set before a fresh one (0 = never)")
+    early_stop: bool = Field(default=True, description="stop after the first pair when it is clearly worse")
 
 
 class BudgetConfig(_Section):

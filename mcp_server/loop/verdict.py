@@ -1,10 +1,27 @@
-"""Noise-aware keep / discard / retest.
+"""Noise-aware keep / discard / retest on paired (common-random-numbers) runs.
 
-A single lucky seed is not an improvement. The baseline is measured on several
-seeds to estimate sigma; a candidate is kept only when its mean gain over the
-best clears max(min_delta, k * sigma * sqrt(1/n_candidate + 1/n_best)) -- the
-standard error of a difference of two means. Gains just under the bar get a
-`retest`: a confirm run on a fresh seed, after which the bar tightens with n.
+The rule (README "Noise"):
+
+* The runner, not train.py, picks seeds. A campaign has a current *seed set* of
+  n = `[noise] baseline_seeds` seeds. The reference (the best version) has a run
+  on each of them; a candidate runs on the SAME seeds, and the verdict is on the
+  paired differences d_i = candidate_i - reference_i (lower is better). The seed
+  (init + data order) dominates run-to-run noise and cancels in d_i.
+* sigma_d, the SD of a paired difference, is pooled from the campaign's own
+  comparisons (deviations of each comparison's d_i around its own mean, so real
+  effects do not inflate it), shrunk towards a prior `sigma_prior` worth
+  `prior_pairs` pseudo degrees of freedom, never below `sigma_floor`. The
+  baseline's seed spread is NOT used: it measures seed noise, which pairing removes.
+* Keep iff mean(d) <= -max(min_delta, k * sigma_d / sqrt(n)). A gain within
+  `retest_band` of that bar gets `retest`: one more pair on a fresh seed (both the
+  candidate and the reference run on it), up to `max_confirms` times.
+* Sequential: after the first pair, a candidate with d_1 > k * sigma_d (clearly
+  worse) is discarded without running the rest of the seed set.
+* Every `rotate_every` candidates the campaign moves to a fresh seed set and the
+  best is re-measured on it (reference runs, counted as runs), so no keep is
+  tuned to a few seeds. A seed-only change can never be kept.
+* MDE: the true gain that is kept with 80 % probability at the current sigma_d and
+  n pairs, bar + 0.84 * sigma_d / sqrt(n).
 """
 from __future__ import annotations
 
@@ -17,48 +34,85 @@ from typing import Literal, Sequence
 from mcp_server.loop.config import NoiseConfig
 
 VerdictKind = Literal["keep", "discard", "retest"]
+Z_POWER = 0.8416   # one-sided normal quantile for 80 % power
 
 
 @dataclass(frozen=True)
 class Verdict:
     kind: VerdictKind
-    gain: float          # best_mean - candidate_mean (positive = better, metric is lower-is-better)
-    threshold: float     # gain needed for a keep with these sample counts
+    gain: float          # -mean(d): positive = the candidate is better (metric is lower-is-better)
+    threshold: float     # gain needed for a keep with this many pairs
     reason: str
+    early_stop: bool = False
 
 
-def estimate_sigma(samples: Sequence[float], floor: float) -> float:
-    """Run-to-run SD of the metric; never below `floor` (two equal samples do not mean zero noise)."""
-    if len(samples) < 2:
-        return floor
-    return max(floor, statistics.stdev(samples))
+def pooled_sigma(groups: Sequence[Sequence[float]], noise: NoiseConfig) -> tuple[float, int]:
+    """(sigma_d, degrees of freedom from data) from groups of paired differences, one group per comparison.
+
+    Each group contributes its squared deviations around its own mean (n-1 dof); the prior adds
+    `prior_pairs` pseudo-dof at `sigma_prior`; the result is never below `sigma_floor`."""
+    ss, df = 0.0, 0
+    for g in groups:
+        g = [float(x) for x in g]
+        if len(g) >= 2:
+            m = statistics.fmean(g)
+            ss += sum((x - m) ** 2 for x in g)
+            df += len(g) - 1
+    prior_df = noise.prior_pairs
+    if prior_df + df <= 0:
+        return noise.sigma_floor, 0
+    var = (prior_df * noise.sigma_prior ** 2 + ss) / (prior_df + df)
+    return max(noise.sigma_floor, math.sqrt(var)), df
 
 
-def threshold(sigma: float, noise: NoiseConfig, n_candidate: int, n_best: int) -> float:
-    se = sigma * math.sqrt(1.0 / max(1, n_candidate) + 1.0 / max(1, n_best))
-    return max(noise.min_delta, noise.k_sigma * se)
+def bar(sigma_d: float, noise: NoiseConfig, n_pairs: int) -> float:
+    """The mean paired gain needed for a keep with n pairs."""
+    return max(noise.min_delta, noise.k_sigma * sigma_d / math.sqrt(max(1, n_pairs)))
 
 
-def decide(samples: Sequence[float], best_mean: float, n_best: int, sigma: float,
-           noise: NoiseConfig) -> Verdict:
-    """Verdict for a candidate measured `len(samples)` times (first run + confirm runs)."""
-    if not samples:
-        raise ValueError("a verdict needs at least one measurement")
-    mean = statistics.fmean(samples)
-    gain = best_mean - mean
-    bar = threshold(sigma, noise, len(samples), n_best)
-    n_confirms = len(samples) - 1
-    if gain >= bar:
-        return Verdict("keep", gain, bar, f"gain {gain:.5f} >= threshold {bar:.5f} (sigma {sigma:.5f}, "
-                                          f"{len(samples)} run(s))")
-    if gain >= (1.0 - noise.retest_band) * bar and n_confirms < noise.max_confirms:
-        return Verdict("retest", gain, bar, f"gain {gain:.5f} is near the threshold {bar:.5f}; "
-                                            f"confirm on a fresh seed with run_experiment(confirm_of=ID)")
+def mde(sigma_d: float, noise: NoiseConfig, n_pairs: int) -> float:
+    """Minimum detectable effect: the true gain kept with 80 % probability with n pairs."""
+    return bar(sigma_d, noise, n_pairs) + Z_POWER * sigma_d / math.sqrt(max(1, n_pairs))
+
+
+def clearly_worse(first_diff: float, sigma_d: float, noise: NoiseConfig) -> bool:
+    """Sequential early stop after the first pair: worse by more than k single-pair sigmas."""
+    return first_diff > noise.k_sigma * sigma_d
+
+
+def decide(diffs: Sequence[float], sigma_d: float, noise: NoiseConfig, n_planned: int,
+           n_confirms: int = 0) -> Verdict:
+    """Verdict from paired differences d_i = candidate_i - reference_i (seed-matched).
+
+    n_planned: pairs in the seed set; fewer pairs than that only happens after an early stop.
+    n_confirms: fresh-seed confirm pairs already run (retests)."""
+    if not diffs:
+        raise ValueError("a paired verdict needs at least one (candidate, reference) pair")
+    n = len(diffs)
+    gain = -statistics.fmean(diffs)
+    b = bar(sigma_d, noise, n)
+    tag = f"{n} pair(s), sigma_d {sigma_d:.5f}"
+    if n < n_planned and n == 1 and clearly_worse(diffs[0], sigma_d, noise):
+        return Verdict("discard", gain, b, f"clearly worse on the first pair (d = {diffs[0]:+.5f} > "
+                                           f"{noise.k_sigma:g} sigma_d = {noise.k_sigma * sigma_d:.5f}); stopped "
+                                           "early", early_stop=True)
+    if gain >= b:
+        return Verdict("keep", gain, b, f"paired gain {gain:.5f} >= bar {b:.5f} ({tag})")
+    if gain > 0 and gain >= (1.0 - noise.retest_band) * b and n_confirms < noise.max_confirms:
+        return Verdict("retest", gain, b, f"paired gain {gain:.5f} is near the bar {b:.5f} ({tag}); confirm on "
+                                          "a fresh seed (candidate and reference) with run_experiment(confirm_of=ID)")
     if gain > 0:
-        why = f"gain {gain:.5f} is below the noise threshold {bar:.5f} (sigma {sigma:.5f})"
+        why = f"paired gain {gain:.5f} is below the bar {b:.5f} ({tag})"
     else:
-        why = f"no gain: {mean:.5f} vs best {best_mean:.5f}"
-    return Verdict("discard", gain, bar, why)
+        why = f"no paired gain: mean difference {-gain:+.5f} ({tag})"
+    return Verdict("discard", gain, b, why)
+
+
+def paired_interval(diffs: Sequence[float], sigma_d: float, z: float = 1.96) -> tuple[float, float]:
+    """Interval for the mean gain (-mean d), using the pooled sigma_d (not the few pairs' own SD)."""
+    g = -statistics.fmean(diffs)
+    half = z * sigma_d / math.sqrt(len(diffs))
+    return g - half, g + half
 
 
 # Lines that only choose a random seed; a change confined to them can never be kept.
