@@ -116,6 +116,29 @@ MIGRATIONS: list[str] = [
     """,
     # 4: verdict counts as index seeks
     "CREATE INDEX experiments_verdict ON experiments(campaign_id, verdict, confirm_of, status)",
+    # 6: paired verdicts: each run's role and the reference run it is paired with (same seed); replay runs
+    """
+    ALTER TABLE experiments ADD COLUMN role TEXT;
+    ALTER TABLE experiments ADD COLUMN paired_with INTEGER REFERENCES experiments(id);
+    ALTER TABLE experiments ADD COLUMN seed_set INTEGER;
+    CREATE INDEX experiments_commit ON experiments(campaign_id, commit_sha, status);
+    CREATE TABLE replays (
+        id INTEGER PRIMARY KEY,
+        campaign_id INTEGER NOT NULL REFERENCES campaigns(id),
+        replay INTEGER NOT NULL,
+        experiment_id INTEGER NOT NULL REFERENCES experiments(id),
+        side TEXT NOT NULL CHECK (side IN ('parent','child')),
+        commit_sha TEXT NOT NULL,
+        seed INTEGER NOT NULL,
+        status TEXT NOT NULL,
+        val_bpb REAL,
+        num_steps INTEGER,
+        reason TEXT,
+        started_at REAL NOT NULL,
+        finished_at REAL
+    );
+    CREATE INDEX replays_campaign ON replays(campaign_id, replay, experiment_id)
+    """,
 ]
 
 # Columns an experiment row may be updated with (guards against typos reaching SQL).
@@ -124,6 +147,7 @@ _EXPERIMENT_FIELDS = {
     "is_baseline", "confirm_of", "seed", "val_bpb", "test_bpb", "training_seconds", "total_seconds",
     "eval_seconds", "memory_gb", "num_steps", "num_params_m", "lines_added", "lines_removed",
     "source_sha", "reason", "log_tail", "metrics_json", "session_id", "finished_at",
+    "role", "paired_with", "seed_set",
 }
 
 
@@ -281,6 +305,48 @@ class Ledger:
             "SELECT id, val_bpb FROM experiments INDEXED BY experiments_baseline WHERE campaign_id=? "
             "AND is_baseline=1 AND status='ok' AND val_bpb IS NOT NULL", (campaign_id,))
         return [v for _, v in sorted(tuple(r) for r in rows)]
+
+    def runs_of_commit(self, campaign_id: int, commit: str) -> list[dict]:
+        """Finished, scored-ok runs of one commit (the reference's samples), oldest first."""
+        return [dict(r) for r in self.conn.execute(
+            "SELECT * FROM experiments WHERE campaign_id=? AND commit_sha=? AND status='ok' AND val_bpb IS NOT NULL "
+            "ORDER BY id", (campaign_id, commit))]
+
+    def paired_differences(self, campaign_id: int) -> list[tuple[int, float]]:
+        """(comparison id, d = candidate - reference) for every recorded seed-matched pair of the campaign."""
+        return [(int(r[0]), float(r[1])) for r in self.conn.execute(
+            "SELECT COALESCE(e.confirm_of, e.id), e.val_bpb - r.val_bpb FROM experiments e JOIN experiments r "
+            "ON r.id = e.paired_with WHERE e.campaign_id=? AND e.status='ok' AND r.status='ok' "
+            "AND e.val_bpb IS NOT NULL AND r.val_bpb IS NOT NULL ORDER BY e.id", (campaign_id,))]
+
+    # -- replays (re-runs of kept changes against their parents; not campaign experiments) ----------
+    def next_replay_number(self, campaign_id: int) -> int:
+        r = self.conn.execute("SELECT COALESCE(MAX(replay), 0) FROM replays WHERE campaign_id=?",
+                              (campaign_id,)).fetchone()
+        return int(r[0]) + 1
+
+    def add_replay_run(self, campaign_id: int, replay: int, experiment_id: int, side: str, commit: str,
+                       seed: int, status: str, val_bpb: Optional[float], num_steps: Optional[int],
+                       reason: Optional[str], started_at: float) -> int:
+        with self.tx() as c:
+            return int(c.execute(
+                "INSERT INTO replays(campaign_id, replay, experiment_id, side, commit_sha, seed, status, val_bpb, "
+                "num_steps, reason, started_at, finished_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                (campaign_id, replay, experiment_id, side, commit, seed, status, val_bpb, num_steps, reason,
+                 started_at, time.time())).lastrowid)
+
+    def replay_runs(self, campaign_id: int, replay: Optional[int] = None) -> list[dict]:
+        """Runs of one replay (default: the latest), oldest first."""
+        if replay is None:
+            replay = self.next_replay_number(campaign_id) - 1
+        return [dict(r) for r in self.conn.execute(
+            "SELECT * FROM replays WHERE campaign_id=? AND replay=? ORDER BY id", (campaign_id, replay))]
+
+    def used_seeds(self, campaign_id: int) -> set[int]:
+        """Every seed any run of the campaign (experiments and replays) has used."""
+        rows = self.conn.execute("SELECT seed FROM experiments WHERE campaign_id=? AND seed IS NOT NULL UNION "
+                                 "SELECT seed FROM replays WHERE campaign_id=?", (campaign_id, campaign_id))
+        return {int(r[0]) for r in rows}
 
     def confirm_runs(self, experiment_id: int) -> list[dict]:
         return [dict(r) for r in self.conn.execute(
