@@ -56,6 +56,8 @@ def test_ledger_wal_and_migrations(tmp_path):
                                "('experiments_stats','experiments_confirm','experiments_baseline',"
                                "'notes_campaign','sessions_campaign','experiments_verdict')").fetchall():
         raw.execute(f"DROP INDEX {name}")
+    raw.execute("ALTER TABLE deliveries DROP COLUMN claimed_by")    # undo migration 5
+    raw.execute("ALTER TABLE deliveries DROP COLUMN lease_until")
     raw.execute("PRAGMA user_version = 1")
     raw.commit()
     raw.close()

@@ -226,4 +226,88 @@ def test_plot_upload_without_files_write_still_delivers_the_message(fake, ledger
     fake.inject("files.getUploadURLExternal", Fault(status=200, body={"ok": False, "error": "missing_scope"}))
     rep = deliver_pending(ledger, None, [sink_for(fake, ledger)])
     assert rep.delivered == 1 and len(fake.messages) == 1 and fake.shared_files() == []
-    assert "plot-failed:Slack files.upload: HTTP 200 missing_scope" in ledger.deliveries("slack")[0]["external_ref"]
+    assert "plot-failed:Slack files.getUploadURLExternal: HTTP 200 missing_scope" in ledger.deliveries("slack")[0]["external_ref"]
+
+
+# -- issue 15 items 10-12: exclusive passes, idempotent upload, Retry-After per method -------------
+def test_two_concurrent_passes_post_each_message_exactly_once(fake, ledger, tmp_path):
+    import threading
+
+    png = tmp_path / "p.png"
+    png.write_bytes(b"png")
+    ids = [ledger.add_event(ledger.cid, "keep", {**KEEP, "experiment_id": i, "plot_path": str(png)},
+                            sinks=["slack"]) for i in range(4)]
+    ids.append(ledger.add_event(ledger.cid, "campaign_end", {"best": 0.9, "baseline": 0.93}, sinks=["slack"]))
+    # every post is slow, so the two passes overlap for their whole length
+    fake.inject("chat.postMessage", *[Fault(stall_s=0.15)] * 10)
+    barrier, reports = threading.Barrier(2), []
+
+    def one_pass():
+        led = Ledger(ledger.path)               # its own connection, as a second process would have
+        barrier.wait()
+        reports.append(deliver_pending(led, None, [SlackSink(SlackConfig(channel="C0RESEARCH",
+                                                                         base_url=fake.api_url), led,
+                                                             token=TOKEN, timeout=2)]))
+    threads = [threading.Thread(target=one_pass) for _ in range(2)]
+    [t.start() for t in threads]
+    [t.join(30) for t in threads]
+    posted = sorted(int(m["metadata"]["event_payload"]["id"].split(":")[1]) for m in fake.messages)
+    assert posted == ids                                            # each once, none twice
+    assert sum(r.delivered for r in reports) == 5 and all(r.failed == 0 for r in reports)
+    assert len(fake.calls("files.completeUploadExternal")) == 4 and len(fake.shared_files()) == 4
+    assert all(d["status"] == "delivered" and d["attempts"] == 1 for d in ledger.deliveries("slack"))
+
+
+def test_a_delivered_row_never_goes_back_to_pending(ledger):
+    eid = ledger.add_event(ledger.cid, "keep", {}, sinks=["slack"])
+    first = ledger.claim_delivery("slack", "pass-a", now=100.0, lease_s=10)
+    assert first["event_id"] == eid
+    assert ledger.claim_delivery("slack", "pass-b", now=101.0, lease_s=10) is None       # leased to a
+    taken = ledger.claim_delivery("slack", "pass-b", now=111.0, lease_s=10)               # a's lease expired
+    assert taken["event_id"] == eid
+    assert not ledger.mark_delivered(eid, "slack", "late", owner="pass-a")   # a lost the row: no effect
+    assert ledger.mark_delivered(eid, "slack", "C:1", owner="pass-b")
+    assert not ledger.mark_attempt_failed(eid, "slack", "timeout", 999.0, owner="pass-b")
+    assert not ledger.mark_attempt_failed(eid, "slack", "timeout", 999.0)   # nor without an owner
+    d = ledger.deliveries("slack")[0]
+    assert d["status"] == "delivered" and d["external_ref"] == "C:1" and d["attempts"] == 1
+
+
+def test_lost_complete_upload_reply_does_not_upload_or_share_again(fake, ledger, tmp_path):
+    png = tmp_path / "p.png"
+    png.write_bytes(b"png")
+    ledger.add_event(ledger.cid, "keep", {**KEEP, "plot_path": str(png)}, sinks=["slack"])
+    fake.inject("files.completeUploadExternal", Fault(stall_s=0.8))       # shared, but the reply is lost
+    reports = drain(ledger, sink_for(fake, ledger), passes=3)
+    assert sum(r.delivered for r in reports) == 1
+    assert len(fake.calls("files.getUploadURLExternal")) == 1              # uploaded once
+    assert len(fake.calls("files.completeUploadExternal")) == 1            # shared once
+    assert [f["share_count"] for f in fake.files.values()] == [1]
+    assert len(fake.calls("files.info")) == 1                              # the retry checked instead
+    assert ledger.deliveries("slack")[0]["external_ref"].endswith(":file:F0001")
+
+
+def test_incomplete_upload_is_redone_once(fake, ledger, tmp_path):
+    png = tmp_path / "p.png"
+    png.write_bytes(b"png")
+    ledger.add_event(ledger.cid, "keep", {**KEEP, "plot_path": str(png)}, sinks=["slack"])
+    fake.inject("files.completeUploadExternal", Fault(status=503))         # not shared at all
+    drain(ledger, sink_for(fake, ledger), passes=3)
+    assert [f["share_count"] for f in fake.shared_files()] == [1] and len(fake.messages) == 1
+
+
+def test_retry_after_holds_the_method_for_every_row_across_passes(fake, ledger):
+    for i in range(3):
+        ledger.add_event(ledger.cid, "plateau", {"experiments_since_keep": i}, sinks=["slack"])
+    fake.inject("chat.postMessage", Fault(status=429, retry_after=60))
+    now = time.time()
+    sink = sink_for(fake, ledger)
+    deliver_pending(ledger, None, [sink], now=now)
+    # a second pass right after: the other rows are due, but chat.postMessage is rate limited
+    rep = deliver_pending(ledger, None, [sink], now=now + 0.35)
+    assert len(fake.calls("chat.postMessage")) == 1 and rep.delivered == 0
+    assert [d["attempts"] for d in ledger.deliveries("slack")] == [1, 0, 0]   # waiting costs no attempt
+    assert all(d["next_attempt_at"] >= now + 60 for d in ledger.deliveries("slack"))
+    rep = deliver_pending(ledger, None, [sink], now=now + 61)
+    assert rep.delivered == 3 and len(fake.messages) == 3
+    assert sum(r.status == 429 for r in fake.calls("chat.postMessage")) == 1

@@ -116,6 +116,11 @@ MIGRATIONS: list[str] = [
     """,
     # 4: verdict counts as index seeks
     "CREATE INDEX experiments_verdict ON experiments(campaign_id, verdict, confirm_of, status)",
+    # 5: a delivery row is claimed by one pass at a time (a lease that expires if the pass dies)
+    """
+    ALTER TABLE deliveries ADD COLUMN claimed_by TEXT;
+    ALTER TABLE deliveries ADD COLUMN lease_until REAL NOT NULL DEFAULT 0
+    """,
     # 6: paired verdicts: each run's role and the reference run it is paired with (same seed); replay runs
     """
     ALTER TABLE experiments ADD COLUMN role TEXT;
@@ -450,8 +455,8 @@ class Ledger:
     def has_due_deliveries(self, now: Optional[float] = None) -> bool:
         """Is any (event, sink) delivery pending and due? Cheap: one index probe."""
         now = time.time() if now is None else now
-        return self.conn.execute("SELECT 1 FROM deliveries WHERE status='pending' AND next_attempt_at<=? LIMIT 1",
-                                 (now,)).fetchone() is not None
+        return self.conn.execute("SELECT 1 FROM deliveries WHERE status='pending' AND next_attempt_at<=? "
+                                 "AND lease_until<=? LIMIT 1", (now, now)).fetchone() is not None
 
     def due_deliveries(self, sink: str, now: Optional[float] = None, limit: int = 50) -> list[dict]:
         now = time.time() if now is None else now
@@ -466,23 +471,58 @@ class Ledger:
             out.append(d)
         return out
 
-    def mark_delivered(self, event_id: int, sink: str, external_ref: Optional[str] = None) -> None:
+    def claim_delivery(self, sink: str, owner: str, now: Optional[float] = None, lease_s: float = 300.0,
+                       after_event_id: int = 0) -> Optional[dict]:
+        """Claim the next due pending row of `sink` (event id > after_event_id) for `owner`, atomically:
+        no other pass can take it until the lease expires or the owner records an outcome."""
+        now = time.time() if now is None else now
+        with self.tx() as c:   # BEGIN IMMEDIATE: the select and the claim are one write transaction
+            r = c.execute(
+                "SELECT d.*, e.kind, e.payload, e.campaign_id, e.created_at FROM deliveries d JOIN events e "
+                "ON e.id=d.event_id WHERE d.sink=? AND d.status='pending' AND d.next_attempt_at<=? "
+                "AND d.lease_until<=? AND d.event_id>? ORDER BY d.event_id LIMIT 1",
+                (sink, now, now, after_event_id)).fetchone()
+            if r is None:
+                return None
+            c.execute("UPDATE deliveries SET claimed_by=?, lease_until=? WHERE event_id=? AND sink=?",
+                      (owner, now + lease_s, r["event_id"], sink))
+        d = dict(r)
+        d["payload"] = json.loads(d["payload"])
+        return d
+
+    def release_delivery(self, event_id: int, sink: str, owner: str, next_attempt_at: float) -> bool:
+        """Give a claimed row back without counting an attempt (e.g. its method is rate limited)."""
         with self.tx() as c:
-            c.execute("UPDATE deliveries SET status='delivered', attempts=attempts+1, delivered_at=?, "
-                      "external_ref=COALESCE(?, external_ref), last_error=NULL WHERE event_id=? AND sink=?",
-                      (time.time(), external_ref, event_id, sink))
+            return c.execute("UPDATE deliveries SET claimed_by=NULL, lease_until=0, next_attempt_at=? "
+                             "WHERE event_id=? AND sink=? AND status='pending' AND claimed_by IS ?",
+                             (next_attempt_at, event_id, sink, owner)).rowcount == 1
+
+    # The outcome updates below only touch a pending row, and with `owner` only one this pass still holds:
+    # a delivered row never goes back to pending, and a pass whose lease expired cannot overwrite another's.
+    def mark_delivered(self, event_id: int, sink: str, external_ref: Optional[str] = None,
+                       owner: Optional[str] = None) -> bool:
+        with self.tx() as c:
+            return c.execute(
+                "UPDATE deliveries SET status='delivered', attempts=attempts+1, delivered_at=?, "
+                "external_ref=COALESCE(?, external_ref), last_error=NULL, claimed_by=NULL, lease_until=0 "
+                "WHERE event_id=? AND sink=? AND status='pending' AND (? IS NULL OR claimed_by=?)",
+                (time.time(), external_ref, event_id, sink, owner, owner)).rowcount == 1
 
     def mark_attempt_failed(self, event_id: int, sink: str, error: str, next_attempt_at: float,
-                            give_up: bool = False) -> None:
+                            give_up: bool = False, owner: Optional[str] = None) -> bool:
         with self.tx() as c:
-            c.execute("UPDATE deliveries SET attempts=attempts+1, last_error=?, next_attempt_at=?, status=? "
-                      "WHERE event_id=? AND sink=?",
-                      (error[:500], next_attempt_at, "failed" if give_up else "pending", event_id, sink))
+            return c.execute(
+                "UPDATE deliveries SET attempts=attempts+1, last_error=?, next_attempt_at=?, status=?, "
+                "claimed_by=NULL, lease_until=0 "
+                "WHERE event_id=? AND sink=? AND status='pending' AND (? IS NULL OR claimed_by=?)",
+                (error[:500], next_attempt_at, "failed" if give_up else "pending", event_id, sink,
+                 owner, owner)).rowcount == 1
 
     def set_delivery_ref(self, event_id: int, sink: str, external_ref: str) -> None:
         """Remember a partial result (e.g. a posted message ts) so a retry does not duplicate it."""
         with self.tx() as c:
-            c.execute("UPDATE deliveries SET external_ref=? WHERE event_id=? AND sink=?", (external_ref, event_id, sink))
+            c.execute("UPDATE deliveries SET external_ref=? WHERE event_id=? AND sink=? AND status='pending'",
+                      (external_ref, event_id, sink))
 
     def deliveries(self, sink: Optional[str] = None) -> list[dict]:
         if sink is None:

@@ -35,8 +35,19 @@ class ExperimentRow(BaseModel):
 class BaselineInfo(BaseModel):
     samples: list[float]
     mean: float
-    sigma: float
-    keep_threshold: float = Field(description="gain needed for a single-run keep")
+    sigma: float = Field(description="SD of the baseline across seeds (unpaired; pairing removes most of it)")
+    keep_threshold: float = Field(description="mean paired gain a candidate needs on the seed set to be kept")
+    sigma_paired: Optional[float] = Field(None, description="SD of a paired difference (candidate - reference)")
+    mde: Optional[float] = Field(None, description="true gain kept with 80 % probability on the seed set")
+    seeds: list[int] = Field(default_factory=list, description="the current seed set")
+
+
+class PairInfo(BaseModel):
+    seed: int
+    candidate: float
+    reference: float
+    d: float = Field(description="candidate - reference on the same seed (negative = better)")
+    reference_run: int
 
 
 class ExperimentResult(BaseModel):
@@ -56,6 +67,9 @@ class ExperimentResult(BaseModel):
     reason: Optional[str] = None
     log_tail: Optional[str] = None
     baseline: Optional[BaselineInfo] = None
+    pairs: list[PairInfo] = Field(default_factory=list, description="seed-matched (candidate, reference) runs")
+    reference_runs: int = Field(0, description="runs of the best version made by this call (new seeds)")
+    early_stopped: bool = Field(False, description="clearly worse on the first pair: the rest was not run")
     warnings: list[str] = Field(default_factory=list)
     next_step: str
 
@@ -65,11 +79,15 @@ class ScoreResult(BaseModel):
     verdict: Literal["keep", "discard", "retest"]
     gain: float
     threshold: float
-    sigma: float
+    sigma: float = Field(description="SD of a paired difference used for this verdict")
     samples: list[float]
     best_val_bpb: float
     best_commit: str
     reason: str
+    pairs: list[PairInfo] = Field(default_factory=list)
+    interval: Optional[tuple[float, float]] = Field(None, description="95 % interval of the paired gain")
+    early_stop: bool = False
+    mde: Optional[float] = None
     next_step: str
 
 
@@ -82,6 +100,11 @@ class RevertResult(BaseModel):
 
 class BudgetResult(BudgetStatus):
     stop_requested: Optional[str] = None
+    sigma_paired: Optional[float] = Field(None, description="SD of a paired difference, from this campaign")
+    keep_threshold: Optional[float] = Field(None, description="mean paired gain needed for a keep")
+    mde: Optional[float] = Field(None, description="smallest true gain kept with 80 % probability: changes "
+                                                   "expected to gain less are not worth a run")
+    runs_per_experiment: Optional[int] = None
     next_step: str
 
 
@@ -92,6 +115,13 @@ class NoiseInfo(BaseModel):
     min_delta: float
     k_sigma: float
     single_run_threshold: float
+    sigma_paired: float = Field(description="SD of a paired difference: pooled campaign pairs + prior")
+    paired_dof: int = Field(description="degrees of freedom behind sigma_paired from this campaign's pairs")
+    seeds: list[int] = Field(default_factory=list, description="the current seed set")
+    seed_set: int = 0
+    keep_threshold: float = Field(description="mean paired gain needed for a keep on the seed set")
+    mde: float = Field(description="true gain kept with 80 % probability on the seed set")
+    rule: str = ""
 
 
 class Summary(BaseModel):

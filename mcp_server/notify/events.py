@@ -11,9 +11,12 @@ class DeliveryError(Exception):
     """A sink's failure, already redacted. A `sink_wide` one (network, 5xx, 429, bad credentials)
     would hit the next rows too, so it ends the sink's pass; others fail only their own row."""
 
-    def __init__(self, message: str, sink_wide: bool = False, retry_after: Optional[float] = None):
+    def __init__(self, message: str, sink_wide: bool = False, retry_after: Optional[float] = None,
+                 deferred: bool = False):
         super().__init__(message)
-        self.sink_wide = sink_wide or retry_after is not None
+        # deferred: nothing was sent (the method is still rate limited); the row waits without an attempt
+        self.deferred = deferred
+        self.sink_wide = sink_wide or (retry_after is not None and not deferred)
         self.retry_after = retry_after
 
 
@@ -27,6 +30,7 @@ class Event:
     attempts: int                 # attempts made before this one
     external_ref: Optional[str]   # what an earlier, partly successful attempt saved
     checkpoint: Callable[[str], None] = lambda ref: None
+    now: float = 0.0              # the pass's clock (rate-limit windows are measured on it)
 
 
 

@@ -29,6 +29,7 @@ MAX_ATTEMPTS = 8
 BASE_DELAY_S = 30.0
 MAX_DELAY_S = 3600.0
 BATCH = 50
+LEASE_S = 300.0    # longer than any one delivery (each HTTP call times out after 10 s)
 
 
 class Sink(Protocol):
@@ -121,23 +122,34 @@ def deliver_pending(ledger, cfg, sinks: Optional[list] = None, now: Optional[flo
 def _deliver_sink(ledger, sink, now: float, rep: SinkReport, max_attempts: int, rng) -> None:
     # events recorded without this sink (or before it was configured) get a row too
     ledger.ensure_deliveries(sink.name, kinds=sorted(sink.kinds))
-    for row in ledger.due_deliveries(sink.name, now=now, limit=BATCH):
-        eid = row["event_id"]
+    # Each row is claimed (a lease) before it is sent, so two passes (the MCP server's background one and
+    # a `loopwright notify`, or two cron jobs) never send the same row: exactly one delivery in flight.
+    owner = f"{os.getpid()}.{threading.get_ident()}.{random.getrandbits(32):08x}"
+    last = 0
+    for _ in range(BATCH):
+        row = ledger.claim_delivery(sink.name, owner, now=now, lease_s=LEASE_S, after_event_id=last)
+        if row is None:
+            break
+        eid = last = row["event_id"]
         if not sink.wants(row["kind"]):
-            ledger.mark_delivered(eid, sink.name, "skipped")
+            ledger.mark_delivered(eid, sink.name, "skipped", owner=owner)
             rep.skipped += 1
             continue
         event = Event(eid, row["kind"], row["payload"], row["campaign_id"], row["created_at"],
                       row["attempts"], row["external_ref"],
-                      checkpoint=lambda ref, eid=eid: ledger.set_delivery_ref(eid, sink.name, ref))
+                      checkpoint=lambda ref, eid=eid: ledger.set_delivery_ref(eid, sink.name, ref), now=now)
         try:
             ref = sink.deliver(event)
         except Exception as e:
             err = e if isinstance(e, DeliveryError) else DeliveryError(f"{type(e).__name__}: {e}")
+            if err.deferred:   # nothing sent: wait for the rate-limit window without spending an attempt
+                ledger.release_delivery(eid, sink.name, owner, now + (err.retry_after or 0.0))
+                rep.retrying += 1
+                continue
             attempts = row["attempts"] + 1
             give_up = attempts >= max_attempts
             delay = max(backoff_delay(attempts, rng), err.retry_after or 0.0)
-            ledger.mark_attempt_failed(eid, sink.name, str(err), now + delay, give_up=give_up)
+            ledger.mark_attempt_failed(eid, sink.name, str(err), now + delay, give_up=give_up, owner=owner)
             msg = f"event {eid} ({row['kind']}): {err}"
             rep.errors.append(msg)
             log.warning("%s delivery %s; %s", sink.name, msg,
@@ -149,8 +161,10 @@ def _deliver_sink(ledger, sink, now: float, rep: SinkReport, max_attempts: int, 
             if err.sink_wide:
                 break
             continue
-        ledger.mark_delivered(eid, sink.name, ref)
-        rep.delivered += 1
+        if ledger.mark_delivered(eid, sink.name, ref, owner=owner):
+            rep.delivered += 1
+        else:   # our lease ran out and another pass took the row over: its outcome stands
+            log.warning("%s delivery of event %s outlived its lease", sink.name, eid)
 
 
 def notify_workspace(root=None) -> DeliveryReport:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Mapping, Optional
 
@@ -168,6 +169,7 @@ class SlackSink:
         return str(tag or "loopwright")
 
     def deliver(self, event: Event) -> Optional[str]:
+        self._now = event.now or time.time()
         if event.kind == "crash_streak" and int(event.payload.get("count") or 0) < self.cfg.crash_streak:
             return "skipped:below-threshold"
         text, blocks = render(event.kind, event.payload, self._tag(event))
@@ -203,17 +205,55 @@ class SlackSink:
             return ref
         channel, ts = ref.split(":")[:2]
         try:
-            resp = self._call("files.upload", self.client.files_upload_v2, channel=channel, thread_ts=ts,
-                              file=path, filename=os.path.basename(path),
-                              title=f"progress after experiment #{event.payload.get('experiment_id', '?')}")
+            fid = self._upload_once(event, channel, ts, path, ref)
         except DeliveryError as e:
-            if e.sink_wide:
+            if e.sink_wide or e.deferred:
                 raise
             # e.g. missing files:write: the message is out, record why the plot is not
             log.warning("plot upload for event %s failed for good: %s", event.event_id, e)
-            return f"{ref}:plot-failed:{str(e)[:100]}"
-        files = resp.get("files") or [{}]
-        return f"{ref}:file:{files[0].get('id', '?')}"
+            return f"{channel}:{ts}:plot-failed:{str(e)[:100]}"
+        return f"{channel}:{ts}:file:{fid}"
+
+    def _upload_once(self, event: Event, channel: str, ts: str, path: str, ref: str) -> str:
+        """Upload and share the plot in the message's thread, once: the file id is saved before the
+        share, so a retry after a lost files.completeUploadExternal reply checks the file (files.info)
+        instead of uploading and sharing it again."""
+        title = f"progress after experiment #{event.payload.get('experiment_id', '?')}"
+        if ":upload:" in ref:
+            fid = ref.split(":upload:")[1].split(":")[0]
+            if self._is_shared(fid, channel):
+                return fid
+            # never completed: Slack drops an upload that is not completed, so start over
+        data = Path(path).read_bytes()
+        resp = self._call("files.getUploadURLExternal", self.client.files_getUploadURLExternal,
+                          filename=os.path.basename(path), length=len(data))
+        fid = resp["file_id"]
+        event.checkpoint(f"{channel}:{ts}:upload:{fid}")
+        self._call("files.upload", self._post_bytes, url=resp["upload_url"], data=data)
+        self._call("files.completeUploadExternal", self.client.files_completeUploadExternal,
+                   files=[{"id": fid, "title": title}], channel_id=channel, thread_ts=ts)
+        return fid
+
+    def _post_bytes(self, url: str, data: bytes) -> None:
+        result = self.client._upload_file(url=url, data=data, logger=_sdk_log, timeout=self.client.timeout,
+                                          proxy=self.client.proxy, ssl=self.client.ssl)
+        if result.status != 200:
+            raise DeliveryError(f"Slack files.upload: HTTP {result.status} {str(result.body)[:200]}",
+                                sink_wide=result.status >= 500)
+
+    def _is_shared(self, fid: str, channel: str) -> bool:
+        """Was the file shared in `channel` (the completion went through, its reply was lost)? Needs the
+        files:read scope; without it the upload is done again (at least once)."""
+        try:
+            f = self._call("files.info", self.client.files_info, file=fid).get("file") or {}
+        except DeliveryError as e:
+            if e.sink_wide or e.deferred:
+                raise
+            log.info("cannot check upload %s (%s); uploading again", fid, e)
+            return False
+        shares = f.get("shares") or {}
+        return any(channel in (shares.get(scope) or {}) for scope in ("public", "private")) or channel in (
+            (f.get("channels") or []) + (f.get("groups") or []) + (f.get("ims") or []))
 
     def _find_posted(self, event: Event) -> Optional[str]:
         channel = self.ledger.kv_get(self._channel_key()) or (
@@ -236,15 +276,27 @@ class SlackSink:
         return None
 
     def _call(self, method: str, fn, **kwargs):
+        # Slack rate-limits per method (its tiers): after a 429 no row calls that method again before
+        # Retry-After is over, in this pass or a later one (the window is kept in the ledger)
+        gate = f"slack.rate_limited_until.{method}"
+        now = getattr(self, "_now", None) or time.time()
+        until = float(self.ledger.kv_get(gate) or 0)
+        if now < until:
+            raise DeliveryError(f"Slack {method}: rate limited for {until - now:.0f}s more (Retry-After); "
+                                "not called", retry_after=until - now, deferred=True)
         try:
             return fn(**kwargs)
         except SlackApiError as e:
             status = e.response.status_code
             data = e.response.data if isinstance(e.response.data, dict) else {}
             retry_after = _retry_after(e.response.headers) if status == 429 else None
+            if retry_after is not None:
+                self.ledger.kv_set(gate, repr(now + retry_after))
             msg = f"Slack {method}: HTTP {status} {data.get('error') or str(e.response.data)[:200]}"
             sink_wide = status >= 500 or data.get("error") in SINK_WIDE_ERRORS
             raise DeliveryError(redact(msg, self._secrets), sink_wide=sink_wide, retry_after=retry_after) from None
+        except DeliveryError:
+            raise
         except Exception as e:  # network errors, timeouts, a failed upload POST
             raise DeliveryError(redact(f"Slack {method}: {type(e).__name__}: {e}", self._secrets),
                                 sink_wide=True) from None

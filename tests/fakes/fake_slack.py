@@ -3,7 +3,8 @@
 Endpoints (as documented by Slack): POST /api/chat.postMessage (JSON),
 GET /api/conversations.history (with metadata when include_all_metadata),
 /api/files.getUploadURLExternal → upload_url on this server, POST /upload/<id>
-(the bytes), /api/files.completeUploadExternal, /api/auth.test, and
+(the bytes), /api/files.completeUploadExternal, /api/files.info (`shares`; file_not_found until completed),
+/api/auth.test, and
 POST /services/<path> for an incoming webhook. `messages` is the channel as a
 person would see it: what a test asserts on.
 """
@@ -109,5 +110,15 @@ class FakeSlack(LoopbackServer):
             if rec is None or rec["data"] is None:
                 return Response(200, {"ok": False, "error": "file_not_found"})
             rec.update(title=f.get("title"), channel=p.get("channel_id"), thread_ts=p.get("thread_ts"), shared=True)
+            rec["share_count"] = rec.get("share_count", 0) + 1     # Slack shares again on a repeated call
             out.append({"id": f["id"], "title": f.get("title")})
         return Response(200, {"ok": True, "files": out})
+
+    def _files_info(self, p) -> Response:
+        rec = self.files.get(p.get("file"))
+        if rec is None or not rec["shared"]:   # an upload never completed is not a file yet
+            return Response(200, {"ok": False, "error": "file_not_found"})
+        shares = {"public": {rec["channel"]: [{"ts": rec["thread_ts"], "thread_ts": rec["thread_ts"]}]}}
+        channels = [rec["channel"]]
+        return Response(200, {"ok": True, "file": {"id": p["file"], "name": rec["filename"], "title": rec["title"],
+                                                   "shares": shares, "channels": channels}})
