@@ -261,3 +261,31 @@ def test_background_start_replies_before_the_session_ends(env):
     assert time.monotonic() - t0 < 2 and env.client.get("/healthz").json()["session_running"]
     env.sessions.gate.set()
     started(env, 1)
+
+
+@pytest.mark.parametrize("event,payload,field", [
+    ("push", {"ref": "refs/heads/main", "repository": "me/research"}, "repository"),
+    ("workflow_run", {"action": "completed", "repository": {"full_name": "a/b"}, "workflow_run": "ci"},
+     "workflow_run"),
+    ("issue_comment", {"action": "created", "comment": "/loopwright start"}, "comment"),
+    ("issue_comment", {"action": "created", "comment": {"body": ["/loopwright", "start"]}}, "comment.body"),
+    ("issue_comment", {"action": "created", "comment": {"body": "hi"}, "sender": 7}, "sender"),
+])
+def test_github_payload_of_the_wrong_shape_is_a_400_with_the_field(env, event, payload, field):
+    r = gh(env.client, json.dumps(payload).encode(), event=event)
+    assert r.status_code == 400, r.text
+    assert f"payload field '{field}' must be" in r.json()["error"]
+    assert env.sessions.calls == []
+
+
+@pytest.mark.parametrize("payload,field", [
+    ({"webhookEvent": "comment_created", "comment": "/loopwright start"}, "comment"),
+    ({"webhookEvent": "comment_created", "comment": {"body": "/loopwright start"}, "issue": "RES-1"}, "issue"),
+    ({"webhookEvent": "comment_created", "comment": {"body": "/loopwright start", "author": "me"}},
+     "comment.author"),
+])
+def test_jira_payload_of_the_wrong_shape_is_a_400_with_the_field(env, payload, field):
+    r = jira_post(env.client, payload)
+    assert r.status_code == 400, r.text
+    assert f"payload field '{field}' must be an object" in r.json()["error"]
+    assert env.sessions.calls == []

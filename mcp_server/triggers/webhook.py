@@ -261,7 +261,7 @@ def create_app(root_or_cfg, start_session: Optional[StartSession] = None, ledger
         if not delivery:
             raise Reject(400, "missing X-GitHub-Delivery header")
         p = _json_body(body, request.headers.get("content-type", ""))
-        repo = (p.get("repository") or {}).get("full_name", "?")
+        repo = _obj(p, "repository").get("full_name", "?")
         if event == "push":
             ref = str(p.get("ref", ""))
             if ref.startswith("refs/heads/loopwright/") or p.get("deleted"):
@@ -270,13 +270,13 @@ def create_app(root_or_cfg, start_session: Optional[StartSession] = None, ledger
         if event == "workflow_run":
             if p.get("action") != "completed":
                 return ignored("workflow_run not completed")
-            run = p.get("workflow_run") or {}
+            run = _obj(p, "workflow_run")
             return respond("github", delivery, "start",
                            f"github workflow_run {repo} {run.get('name', '?')} {run.get('conclusion', '?')}")
         if event == "issue_comment" and p.get("action") == "created":
-            comment = p.get("comment") or {}
-            cmd, arg = _command(comment.get("body", ""))
-            who = (p.get("sender") or {}).get("login", "?")
+            comment = _obj(p, "comment")
+            cmd, arg = _command(_str(comment, "comment.body"))
+            who = _obj(p, "sender").get("login", "?")
             if cmd and comment.get("author_association") not in TRUSTED_GITHUB_ROLES:
                 # on a public repository anyone may comment: sessions cost money
                 return ignored(f"{who} is not an owner, member or collaborator of {repo}")
@@ -317,9 +317,10 @@ def create_app(root_or_cfg, start_session: Optional[StartSession] = None, ledger
         p = _json_body(body, "application/json")
         if p.get("webhookEvent") != "comment_created":
             return ignored(f"event {p.get('webhookEvent')} does not start sessions")
-        cmd, arg = _command((p.get("comment") or {}).get("body", ""))
-        issue = (p.get("issue") or {}).get("key", "?")
-        who = ((p.get("comment") or {}).get("author") or {}).get("displayName", "?")
+        comment = _obj(p, "comment")
+        cmd, arg = _command(_str(comment, "comment.body"))
+        issue = _obj(p, "issue").get("key", "?")
+        who = _obj(comment, "author", "comment.author").get("displayName", "?")
         if cmd == "start":
             return respond("jira", delivery, "start", f"jira comment by {who} on {issue}")
         if cmd == "stop":
@@ -359,6 +360,26 @@ def create_app(root_or_cfg, start_session: Optional[StartSession] = None, ledger
                             Route("/healthz", healthz, methods=["GET"])])
     app.state.runner, app.state.seen = runner, seen
     return app
+
+
+def _obj(p: dict, key: str, name: Optional[str] = None) -> dict:
+    """p[key] as an object ({} when absent); a signed payload of the wrong shape is the sender's error
+    (400 with the field's name), never a crash of the receiver."""
+    v = p.get(key)
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise Reject(400, f"payload field {name or key!r} must be an object, got {type(v).__name__}")
+    return v
+
+
+def _str(p: dict, name: str) -> str:
+    v = p.get(name.rsplit(".", 1)[-1])
+    if v is None:
+        return ""
+    if not isinstance(v, str):
+        raise Reject(400, f"payload field {name!r} must be a string, got {type(v).__name__}")
+    return v
 
 
 def _json_body(body: bytes, content_type: str) -> dict:
