@@ -144,6 +144,40 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX replays_campaign ON replays(campaign_id, replay, experiment_id)
     """,
+    # 7: search mechanisms written at run time (code in <state_dir>/mechanisms/, versioned) and their trials
+    """
+    CREATE TABLE mechanisms (
+        id INTEGER PRIMARY KEY,
+        name TEXT NOT NULL,
+        version INTEGER NOT NULL,
+        kind TEXT NOT NULL,
+        code_sha256 TEXT NOT NULL,
+        path TEXT NOT NULL,
+        rationale TEXT NOT NULL DEFAULT '',
+        author TEXT NOT NULL DEFAULT '',
+        campaign_id INTEGER REFERENCES campaigns(id),
+        status TEXT NOT NULL CHECK (status IN ('rejected','validated','active','kept','reverted')),
+        reason TEXT,
+        validation_json TEXT,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        UNIQUE (name, version)
+    );
+    CREATE TABLE mechanism_trials (
+        id INTEGER PRIMARY KEY,
+        mechanism_id INTEGER NOT NULL REFERENCES mechanisms(id),
+        campaign_id INTEGER NOT NULL REFERENCES campaigns(id),
+        window INTEGER NOT NULL,
+        start_experiment_id INTEGER NOT NULL,
+        end_experiment_id INTEGER,
+        outcome TEXT NOT NULL DEFAULT 'running' CHECK (outcome IN ('running','kept','reverted','failed')),
+        reason TEXT,
+        stats_json TEXT,
+        started_at REAL NOT NULL,
+        ended_at REAL
+    );
+    CREATE INDEX mechanism_trials_campaign ON mechanism_trials(campaign_id, outcome)
+    """,
 ]
 
 # Columns an experiment row may be updated with (guards against typos reaching SQL).
@@ -528,6 +562,98 @@ class Ledger:
         if sink is None:
             return [dict(r) for r in self.conn.execute("SELECT * FROM deliveries ORDER BY event_id, sink")]
         return [dict(r) for r in self.conn.execute("SELECT * FROM deliveries WHERE sink=? ORDER BY event_id", (sink,))]
+
+    # -- search mechanisms written at run time and their trials (mechanisms/registry.py, trial.py)
+    def add_mechanism(self, name: str, kind: str, code_sha256: str, path_for: Any, rationale: str, author: str,
+                      campaign_id: Optional[int], status: str, reason: Optional[str] = None,
+                      validation: Optional[dict] = None) -> tuple[int, int]:
+        """Record a new version of `name`; path_for(version) names its file. Returns (id, version)."""
+        now = time.time()
+        with self.tx() as c:
+            version = 1 + c.execute("SELECT COALESCE(MAX(version), 0) FROM mechanisms WHERE name=?",
+                                    (name,)).fetchone()[0]
+            cur = c.execute(
+                "INSERT INTO mechanisms(name, version, kind, code_sha256, path, rationale, author, campaign_id, "
+                "status, reason, validation_json, created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (name, version, kind, code_sha256, str(path_for(version)), rationale, author, campaign_id, status,
+                 reason, json.dumps(validation) if validation is not None else None, now, now))
+            return int(cur.lastrowid), version
+
+    def mechanism(self, mechanism_id: Optional[int] = None, name: Optional[str] = None,
+                  version: Optional[int] = None) -> Optional[dict]:
+        """By id, or by name (a given version, else the latest)."""
+        if mechanism_id is not None:
+            return _row(self.conn.execute("SELECT * FROM mechanisms WHERE id=?", (mechanism_id,)).fetchone())
+        if version is not None:
+            return _row(self.conn.execute("SELECT * FROM mechanisms WHERE name=? AND version=?",
+                                          (name, version)).fetchone())
+        return _row(self.conn.execute("SELECT * FROM mechanisms WHERE name=? ORDER BY version DESC LIMIT 1",
+                                      (name,)).fetchone())
+
+    def mechanisms(self, statuses: Optional[Iterable[str]] = None) -> list[dict]:
+        if statuses is None:
+            return [dict(r) for r in self.conn.execute("SELECT * FROM mechanisms ORDER BY id")]
+        st = list(statuses)
+        return [dict(r) for r in self.conn.execute(
+            f"SELECT * FROM mechanisms WHERE status IN ({','.join('?' * len(st))}) ORDER BY id", st)]
+
+    def set_mechanism_status(self, mechanism_id: int, status: str, reason: Optional[str] = None) -> None:
+        with self.tx() as c:
+            c.execute("UPDATE mechanisms SET status=?, reason=COALESCE(?, reason), updated_at=? WHERE id=?",
+                      (status, reason, time.time(), mechanism_id))
+
+    def start_trial(self, mechanism_id: int, campaign_id: int, window: int, start_experiment_id: int) -> int:
+        """Activate a mechanism on trial; refuses (LedgerError) while another trial runs in the campaign."""
+        now = time.time()
+        with self.tx() as c:
+            busy = c.execute("SELECT t.id, m.name FROM mechanism_trials t JOIN mechanisms m ON m.id=t.mechanism_id "
+                             "WHERE t.campaign_id=? AND t.outcome='running'", (campaign_id,)).fetchone()
+            if busy:
+                raise LedgerError(f"mechanism {busy['name']!r} is on trial (trial {busy['id']}); one trial at a "
+                                  "time: wait for its verdict or revert it first")
+            cur = c.execute("INSERT INTO mechanism_trials(mechanism_id, campaign_id, window, start_experiment_id, "
+                            "started_at) VALUES (?,?,?,?,?)", (mechanism_id, campaign_id, window,
+                                                               start_experiment_id, now))
+            c.execute("UPDATE mechanisms SET status='active', reason=NULL, updated_at=? WHERE id=?",
+                      (now, mechanism_id))
+            return int(cur.lastrowid)
+
+    def end_trial(self, trial_id: int, outcome: str, reason: str, stats: Optional[dict],
+                  end_experiment_id: Optional[int]) -> bool:
+        """Close a running trial and set its mechanism kept or reverted, in one transaction.
+        False when the trial had already ended (another process decided first)."""
+        now = time.time()
+        with self.tx() as c:
+            cur = c.execute("UPDATE mechanism_trials SET outcome=?, reason=?, stats_json=?, end_experiment_id=?, "
+                            "ended_at=? WHERE id=? AND outcome='running'",
+                            (outcome, reason, json.dumps(stats) if stats is not None else None, end_experiment_id,
+                             now, trial_id))
+            if cur.rowcount != 1:
+                return False
+            mid = c.execute("SELECT mechanism_id FROM mechanism_trials WHERE id=?", (trial_id,)).fetchone()[0]
+            c.execute("UPDATE mechanisms SET status=?, reason=?, updated_at=? WHERE id=?",
+                      ("kept" if outcome == "kept" else "reverted", reason, now, mid))
+            return True
+
+    def trials(self, campaign_id: Optional[int] = None, running: bool = False) -> list[dict]:
+        sql = ("SELECT t.*, m.name, m.version FROM mechanism_trials t JOIN mechanisms m ON m.id=t.mechanism_id "
+               "WHERE 1=1")
+        args: list[Any] = []
+        if campaign_id is not None:
+            sql += " AND t.campaign_id=?"
+            args.append(campaign_id)
+        if running:
+            sql += " AND t.outcome='running'"
+        out = []
+        for r in self.conn.execute(sql + " ORDER BY t.id", args):
+            d = dict(r)
+            d["stats"] = json.loads(d.pop("stats_json") or "null")
+            out.append(d)
+        return out
+
+    def max_experiment_id(self, campaign_id: int) -> int:
+        return int(self.conn.execute("SELECT COALESCE(MAX(id), 0) FROM experiments WHERE campaign_id=?",
+                                     (campaign_id,)).fetchone()[0])
 
     # -- key/value for small bits of state (e.g. a Jira issue key per campaign)
     def kv_get(self, key: str) -> Optional[str]:

@@ -21,7 +21,7 @@ from mcp_server.loop import integrity
 from mcp_server.loop import runner
 from mcp_server.loop import verdict
 from mcp_server.loop.models import (BaselineInfo, BudgetResult, ExperimentResult, ExperimentRow, NoiseInfo, NoteResult,
-                     NoteRow, RevertResult, ScoreResult, StateView, Summary)
+                     NoteRow, PairInfo, RevertResult, ScoreResult, StateView, Summary)
 from mcp_server.loop.workspace import Workspace, sinks_for
 
 NOTE_KINDS = ("lesson", "dead_end", "idea", "observation")
@@ -82,7 +82,83 @@ class Engine:
         return statistics.fmean(s), len(s)
 
     def sigma(self, c: dict) -> float:
-        return verdict.estimate_sigma(self.ledger.baseline_samples(c["id"]), self.ws.cfg.noise.sigma_floor)
+        """SD of the baseline across seeds (unpaired: what a verdict without pairing would face)."""
+        base = self.ledger.baseline_samples(c["id"])
+        return max(self.ws.cfg.noise.sigma_floor, statistics.stdev(base)) if len(base) >= 2 \
+            else self.ws.cfg.noise.sigma_floor
+
+    def sigma_paired(self, c: dict) -> tuple[float, int]:
+        """(SD of a paired difference, dof from this campaign's pairs): pooled within comparisons + prior."""
+        groups: dict[int, list[float]] = {}
+        for key, d in self.ledger.paired_differences(c["id"]):
+            groups.setdefault(key, []).append(d)
+        return verdict.pooled_sigma(list(groups.values()), self.ws.cfg.noise)
+
+    # -- seeds: the runner picks them; candidates run on the reference's seeds ------------------------
+    def seed_set(self, c: dict, rotate: bool = False) -> tuple[int, list[int]]:
+        """(index, seeds) of the campaign's current seed set; with rotate=True a new one is started when
+        `rotate_every` candidates ran on the current one (or baseline_seeds changed)."""
+        n = self.ws.cfg.noise
+        key = f"seedset:{c['id']}"
+        raw = self.ledger.kv_get(key)
+        cur = json.loads(raw) if raw else None
+        count = self.ledger.campaign_counts(c["id"])["experiments"]
+        stale = cur is None or len(cur["seeds"]) != n.baseline_seeds or (
+            rotate and n.rotate_every and count - cur["since"] >= n.rotate_every)
+        if stale:
+            cur = {"index": 0 if cur is None else cur["index"] + 1, "seeds": self._fresh_seeds(c, n.baseline_seeds),
+                   "since": count}
+            self.ledger.kv_set(key, json.dumps(cur))
+        return cur["index"], list(cur["seeds"])
+
+    def _fresh_seeds(self, c: dict, k: int) -> list[int]:
+        """k seeds no run of this campaign has used (experiments and replays)."""
+        used = self.ledger.used_seeds(c["id"])
+        nxt = max([1000, *used]) + 1
+        return list(range(nxt, nxt + k))
+
+    def reference_runs(self, c: dict) -> dict[int, dict]:
+        """seed -> the latest ok run of the best version on that seed."""
+        return {r["seed"]: r for r in self.ledger.runs_of_commit(c["id"], c["best_commit"]) if r["seed"] is not None}
+
+    @contextmanager
+    def _tree_at(self, commit: str) -> Iterator[None]:
+        """The editable files as of `commit` for the duration (the branch does not move); whatever was
+        there before (an agent's pending edit, a committed candidate) is put back afterwards."""
+        saved = {rel: (self.ws.root / rel).read_bytes() if (self.ws.root / rel).is_file() else None
+                 for rel in self.ws.cfg.paths.editable}
+        gitops.checkout_files(self.ws.root, commit, self.ws.cfg.paths.editable)
+        try:
+            yield
+        finally:
+            for rel, data in saved.items():
+                if data is None:
+                    (self.ws.root / rel).unlink(missing_ok=True)
+                else:
+                    (self.ws.root / rel).write_bytes(data)
+
+    def _measure_reference(self, c: dict, seeds: list[int], set_index: Optional[int], on_progress,
+                           session_id, why: str) -> list[dict]:
+        """Run the best version on the given seeds it has no run on yet. Baseline runs while the best is
+        the baseline; otherwise 'reference' runs attached to the kept experiment. Counted as runs."""
+        have = self.reference_runs(c)
+        missing = [s for s in seeds if s not in have]
+        out = []
+        if not missing:
+            return out
+        best_id = c["best_experiment_id"]
+        with self._tree_at(c["best_commit"]):
+            for s in missing:
+                label = (f"baseline (seed {s}, {why})" if best_id is None else f"reference: best #{best_id} on seed {s} ({why})")
+                exp = self._execute(c, label, None, c["best_commit"], c["best_commit"], on_progress, session_id,
+                                    is_baseline=best_id is None, confirm_of=best_id, seed=s,
+                                    role="baseline" if best_id is None else "reference", seed_set=set_index)
+                if exp.status != "ok":
+                    raise LoopError(f"the best version itself failed on seed {s} ({exp.status}: {exp.reason}). "
+                                    f"The benchmark is broken on this machine, not your change; log tail:\n"
+                                    f"{exp.log_tail}")
+                out.append(self.ledger.experiment(exp.experiment_id))
+        return out
 
     # -- locking and recovery -------------------------------------------------
     @contextmanager
@@ -171,29 +247,40 @@ class Engine:
             if status.should_stop:
                 raise LoopError(f"the campaign budget is spent ({'; '.join(status.reasons)}); stop here.")
             self._integrity(c, "before the run")
-            baseline = None
-            if len(self.ledger.baseline_samples(c["id"])) < self.ws.cfg.noise.baseline_seeds:
-                baseline = self._measure_baseline(c, on_progress, session_id)
-                if self._editable_source() == self._committed_source(c["best_commit"]) and confirm_of is None:
-                    return self._baseline_result(c, baseline)
+            baseline, refs = None, []
+            first = not self.ledger.baseline_samples(c["id"])
+            if confirm_of is None:
+                # the reference must have a run on every seed of the (possibly fresh) seed set
+                set_index, seeds = self.seed_set(c, rotate=not first)
+                if first:
+                    baseline = self._measure_baseline(c, seeds, set_index, on_progress, session_id)
+                    if self._editable_source() == self._committed_source(c["best_commit"]):
+                        return self._baseline_result(c, baseline)
+                else:
+                    refs = self._measure_reference(c, seeds, set_index, on_progress, session_id,
+                                                   f"seed set {set_index}")
             if confirm_of is not None:
                 res = self._run_confirm(c, confirm_of, description, on_progress, session_id)
             else:
                 res = self._run_candidate(c, description, hypothesis, on_progress, session_id)
             res.baseline = baseline
+            res.reference_runs += len(refs)
             self._record_if_budget_spent(c)
             return res
 
-    def _measure_baseline(self, c: dict, on_progress, session_id) -> BaselineInfo:
-        """Run the pinned train.py on N seeds; the agent's pending edit (if any) is put back afterwards."""
+    def _measure_baseline(self, c: dict, seeds: list[int], set_index: int, on_progress,
+                          session_id) -> BaselineInfo:
+        """Run the pinned train.py on the seed set; the agent's pending edit (if any) is put back afterwards."""
         pending = {rel: (self.ws.root / rel).read_bytes() for rel in self.ws.cfg.paths.editable
                    if (self.ws.root / rel).is_file()}
         gitops.reset_to(self.ws.root, c["best_commit"])
         try:
-            while len(self.ledger.baseline_samples(c["id"])) < self.ws.cfg.noise.baseline_seeds:
-                k = len(self.ledger.baseline_samples(c["id"])) + 1
-                exp = self._execute(c, f"baseline (seed run {k}/{self.ws.cfg.noise.baseline_seeds})", None,
-                                    c["best_commit"], c["best_commit"], on_progress, session_id, is_baseline=True)
+            for k, s in enumerate(seeds, 1):
+                if s in self.reference_runs(c):
+                    continue
+                exp = self._execute(c, f"baseline (seed run {k}/{len(seeds)}, seed {s})", None,
+                                    c["best_commit"], c["best_commit"], on_progress, session_id, is_baseline=True,
+                                    seed=s, role="baseline", seed_set=set_index)
                 if exp.status != "ok":
                     raise LoopError(f"the baseline itself failed ({exp.status}: {exp.reason}). The benchmark "
                                     f"is broken on this machine, not your change; log tail:\n{exp.log_tail}")
@@ -202,8 +289,11 @@ class Engine:
                 (self.ws.root / rel).write_bytes(data)
         samples = self.ledger.baseline_samples(c["id"])
         sig = self.sigma(c)
+        sd, _ = self.sigma_paired(c)
+        n = self.ws.cfg.noise
         return BaselineInfo(samples=samples, mean=statistics.fmean(samples), sigma=sig,
-                            keep_threshold=verdict.threshold(sig, self.ws.cfg.noise, 1, len(samples)))
+                            keep_threshold=verdict.bar(sd, n, len(seeds)), sigma_paired=sd,
+                            mde=verdict.mde(sd, n, len(seeds)), seeds=seeds)
 
     def _baseline_result(self, c: dict, baseline: BaselineInfo) -> ExperimentResult:
         last = self.ledger.experiments(c["id"], limit=1, newest_first=True)[0]
@@ -213,8 +303,10 @@ class Engine:
             training_seconds=last["training_seconds"], total_seconds=last["total_seconds"],
             eval_seconds=last["eval_seconds"], memory_gb=last["memory_gb"], num_steps=last["num_steps"],
             next_step=(f"Baseline measured on {len(baseline.samples)} seeds: {baseline.mean:.4f} ± "
-                       f"{baseline.sigma:.4f}. A change needs a gain of about {baseline.keep_threshold:.4f} to be "
-                       "kept. Edit train.py and call run_experiment(description, hypothesis)."))
+                       f"{baseline.sigma:.4f} across seeds. Candidates run on the same seeds and are judged on "
+                       f"paired differences: a keep needs a mean paired gain of {baseline.keep_threshold:.4f} "
+                       f"(detectable effect ~{baseline.mde:.4f}). Edit train.py and call "
+                       "run_experiment(description, hypothesis)."))
 
     def _run_candidate(self, c, description, hypothesis, on_progress, session_id) -> ExperimentResult:
         src = self._editable_source()
@@ -241,9 +333,51 @@ class Engine:
         except gitops.GitError as e:
             raise LoopError(str(e)) from None
         assert commit is not None
+        set_index, seeds = self.seed_set(c)
+        refs = self.reference_runs(c)
+        noise = self.ws.cfg.noise
         res = self._execute(c, description, hypothesis, commit, c["best_commit"], on_progress, session_id,
-                            source_sha=sha)
+                            source_sha=sha, seed=seeds[0], role="candidate", paired_with=refs[seeds[0]]["id"],
+                            seed_set=set_index)
         res.warnings.extend(warnings)
+        if res.status != "ok":
+            return res
+        eid = res.experiment_id
+        d1 = res.val_bpb - refs[seeds[0]]["val_bpb"]
+        if noise.early_stop and len(seeds) > 1 and verdict.clearly_worse(d1, self.sigma_paired(c)[0], noise):
+            res.early_stopped = True
+        else:
+            for s in seeds[1:]:   # the rest of the seed set, each paired with the reference's run on it
+                r = self._execute(c, f"{description} [seed {s}]", hypothesis, commit, c["best_commit"], on_progress,
+                                  session_id, confirm_of=eid, source_sha=sha, seed=s, role="pair",
+                                  paired_with=refs[s]["id"], seed_set=set_index)
+                if r.status != "ok":
+                    r.warnings.extend(warnings)
+                    return r
+        return self._paired_result(c, eid, res)
+
+    def _pairs(self, exp_id: int) -> list[PairInfo]:
+        out = []
+        for r in [self.ledger.experiment(exp_id)] + self.ledger.confirm_runs(exp_id):
+            if r["status"] != "ok" or r["val_bpb"] is None or r["paired_with"] is None:
+                continue
+            ref = self.ledger.experiment(r["paired_with"])
+            if ref and ref["status"] == "ok" and ref["val_bpb"] is not None:
+                out.append(PairInfo(seed=r["seed"], candidate=r["val_bpb"], reference=ref["val_bpb"],
+                                    d=round(r["val_bpb"] - ref["val_bpb"], 6), reference_run=ref["id"]))
+        return out
+
+    def _paired_result(self, c: dict, eid: int, first: ExperimentResult) -> ExperimentResult:
+        """The candidate's result over its pairs: mean val_bpb, mean paired delta."""
+        pairs = self._pairs(eid)
+        res = first.model_copy()
+        res.pairs = pairs
+        if pairs:
+            res.val_bpb = round(statistics.fmean(p.candidate for p in pairs), 6)
+            res.delta_vs_best = round(statistics.fmean(p.d for p in pairs), 6)
+        how = ("clearly worse on the first pair, so the other seeds were not run. " if res.early_stopped else "")
+        res.next_step = (f"{how}Ran on {len(pairs)} seed(s) paired with the best version (mean paired delta "
+                         f"{res.delta_vs_best:+.5f}). Call score(experiment_id={eid}) for the verdict.")
         return res
 
     def _abandon_pending_retests(self, c: dict) -> None:
@@ -265,20 +399,32 @@ class Engine:
         if gitops.head_sha(self.ws.root) != orig["commit_sha"] or gitops.is_dirty(self.ws.root):
             raise LoopError(f"the tree is not at experiment {confirm_of}'s commit (you edited train.py after the "
                             "retest verdict). Call revert(to=%d) to go back to it, then run the confirm." % confirm_of)
-        return self._execute(c, description or f"confirm #{confirm_of}", orig["hypothesis"], orig["commit_sha"],
-                             orig["parent_commit"], on_progress, session_id, confirm_of=confirm_of,
-                             source_sha=orig["source_sha"])
+        # a fresh seed for BOTH: the reference (best) runs on it first, then the candidate, paired
+        seed = self._fresh_seeds(c, 1)[0]
+        refs = self._measure_reference(c, [seed], None, on_progress, session_id, f"confirm of #{confirm_of}")
+        ref_id = self.reference_runs(c)[seed]["id"]
+        res = self._execute(c, description or f"confirm #{confirm_of}", orig["hypothesis"], orig["commit_sha"],
+                            orig["parent_commit"], on_progress, session_id, confirm_of=confirm_of,
+                            source_sha=orig["source_sha"], seed=seed, role="confirm", paired_with=ref_id)
+        res.reference_runs += len(refs)
+        if res.status != "ok":
+            return res
+        out = self._paired_result(c, confirm_of, res)
+        out.next_step = (f"Confirm pair on fresh seed {seed} recorded (reference run #{ref_id}). Call "
+                         f"score(experiment_id={confirm_of}) again.")
+        return out
 
     def _execute(self, c, description, hypothesis, commit, parent, on_progress, session_id,
-                 is_baseline=False, confirm_of=None, source_sha=None) -> ExperimentResult:
+                 is_baseline=False, confirm_of=None, source_sha=None, seed=None, role=None, paired_with=None,
+                 seed_set=None) -> ExperimentResult:
         t_start = time.monotonic()
         added, removed = (0, 0) if commit == parent else gitops.diff_stats(
             self.ws.root, parent, commit, self.ws.cfg.paths.editable[0])
         eid = self.ledger.start_experiment(
             c["id"], description, hypothesis=hypothesis, commit_sha=commit, parent_commit=parent,
             is_baseline=int(is_baseline), confirm_of=confirm_of, source_sha=source_sha, lines_added=added,
-            lines_removed=removed, session_id=session_id)
-        seed = self._next_seed(eid)
+            lines_removed=removed, session_id=session_id, role=role, paired_with=paired_with, seed_set=seed_set)
+        seed = self._next_seed(eid) if seed is None else seed
         self.ledger.update_experiment(eid, seed=seed)
         run_dir = self.ws.run_dir(eid)
         try:
@@ -321,11 +467,11 @@ class Engine:
         except BaseException as e:
             self.ledger.update_experiment(eid, status="interrupted", finished_at=time.time(),
                                           reason=f"loop error: {type(e).__name__}: {e}")
-            if not is_baseline:
+            if not is_baseline and role != "reference":
                 gitops.reset_to(self.ws.root, c["best_commit"])
             raise
         row = self.ledger.experiment(eid)
-        if status != "ok" and not is_baseline:
+        if status != "ok" and not is_baseline and role != "reference":
             self._after_failure(c, row, confirm_of)
         return self._result(c, row)
 
