@@ -122,3 +122,84 @@ def combine(advices: list[Advice]) -> Advice:
     warnings = tuple(w for a in advices for w in a.warnings)
     return Advice(lead.mechanism, lead.category, lead.parameters, lead.priority, warnings, lead.reason,
                   {a.mechanism: a.details for a in advices})
+
+
+# --------------------------------------------------------------------------- the runtime interface
+# A mechanism written at run time (by an outer session, or shipped in mechanisms/library/) is a
+# Python module with one function, run in a sandbox process that has nothing but plain data:
+#
+#     def advise(history: dict, source: str) -> dict
+#
+# history: the campaign as `history_to_dict` writes it (trials oldest first, each with the
+#   tunable constants of its train.py in "values"; the baseline, the noise sigma, the categories,
+#   the current train.py's constants); source: the train.py about to be edited or run.
+# returns (every key optional; {} = no opinion):
+#   {"category": one of CATEGORIES or "code"   -- where to look next,
+#    "parameters": [constant names, best first],
+#    "avoid": [constant names to leave alone],
+#    "force": bool      -- the category outranks plateau and bandit (forced exploration),
+#    "note": str        -- why, shown to the inner agent}
+# The built-in mechanisms answer the same question over the typed History; `advice_from_dict`
+# turns a runtime answer into the same Advice they return, so `combine` treats all alike.
+
+ADVICE_KEYS = {"category": (str, type(None)), "parameters": list, "avoid": list, "force": bool, "note": str}
+# bandit = 1, plateau = 2: a runtime opinion beats the bandit, loses a tie with plateau (listed first);
+# a forced one beats both
+RUNTIME_PRIORITY, RUNTIME_FORCED_PRIORITY = 2, 3
+
+
+def history_to_dict(history: History, source: str) -> dict:
+    """The history as plain JSON data for a runtime mechanism (train.py sources left out: each
+    trial carries its constants; the current source is passed separately)."""
+    from mcp_server.mechanisms.source import constant_values, tunable_constants
+
+    try:
+        consts = [{"name": k.name, "value": k.value, "category": k.category} for k in tunable_constants(source)]
+    except SyntaxError:
+        consts = []
+    return {
+        "trials": [{"id": t.id, "description": t.description, "status": t.status, "verdict": t.verdict,
+                    "val_bpb": t.val_bpb, "gain": t.gain, "changed": list(t.changed), "code_changed": t.code_changed,
+                    "category": t.category, "values": constant_values(t.source)} for t in history.trials],
+        "baseline": history.baseline_mean, "sigma": history.sigma,
+        "experiments_since_keep": history.experiments_since_keep,
+        "categories": list(CATEGORIES) + ["code"], "constants": consts,
+        "best_values": constant_values(history.best_source),
+    }
+
+
+def check_advice(out: object, known_constants: Optional[Iterable[str]] = None) -> dict:
+    """A runtime mechanism's answer, checked; raises ValueError saying what is wrong."""
+    if out is None:
+        return {}
+    if not isinstance(out, dict):
+        raise ValueError(f"advise() must return a dict, not {type(out).__name__}")
+    unknown = set(out) - set(ADVICE_KEYS)
+    if unknown:
+        raise ValueError(f"advise() returned unknown keys {sorted(unknown)}; allowed: {sorted(ADVICE_KEYS)}")
+    for key, typ in ADVICE_KEYS.items():
+        if key in out and not isinstance(out[key], typ):
+            raise ValueError(f"advise()[{key!r}] must be {getattr(typ, '__name__', typ)}, "
+                             f"not {type(out[key]).__name__}")
+    cat = out.get("category")
+    if cat is not None and cat not in CATEGORIES + ("code",):
+        raise ValueError(f"advise()['category'] = {cat!r} is not a category; use one of "
+                         f"{', '.join(CATEGORIES + ('code',))} or None")
+    for key in ("parameters", "avoid"):
+        vals = out.get(key, [])
+        if not all(isinstance(v, str) for v in vals) or len(vals) > 100:
+            raise ValueError(f"advise()[{key!r}] must be a list of at most 100 constant names (strings)")
+    if len(out.get("note", "")) > 1000:
+        raise ValueError("advise()['note'] is longer than 1000 characters")
+    return out
+
+
+def advice_from_dict(name: str, out: dict) -> Advice:
+    """A checked runtime answer as the Advice the built-in mechanisms return."""
+    avoid = tuple(out.get("avoid", ()))
+    params = tuple(p for p in out.get("parameters", ()) if p not in avoid)
+    prio = RUNTIME_FORCED_PRIORITY if out.get("force") else RUNTIME_PRIORITY
+    warnings = (f"{name}: leave {', '.join(avoid)} alone",) if avoid else ()
+    details = {"category": out.get("category"), "parameters": list(params), "avoid": list(avoid),
+               "force": bool(out.get("force")), "note": out.get("note", "")}
+    return Advice(name, out.get("category"), params, prio, warnings, out.get("note", ""), details)
