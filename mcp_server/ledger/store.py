@@ -7,6 +7,7 @@ ledger is upgraded in place and nothing recorded is lost.
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import time
 from contextlib import contextmanager
@@ -14,9 +15,9 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional
 
 EXPERIMENT_STATUSES = ("running", "ok", "crash", "timeout", "rejected", "interrupted")
-VERDICTS = ("baseline", "keep", "discard", "retest")
+VERDICTS = ("baseline", "keep", "discard", "retest", "pending_approval")
 
-MIGRATIONS: list[str] = [
+MIGRATIONS: list = [
     # 1: the initial schema
     """
     CREATE TABLE campaigns (
@@ -178,7 +179,64 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX mechanism_trials_campaign ON mechanism_trials(campaign_id, outcome)
     """,
+    # 8: the autonomy slider: changes that wait for a person (a keep, or a run before it starts)
+    """
+    CREATE TABLE approvals (
+        id INTEGER PRIMARY KEY,
+        campaign_id INTEGER NOT NULL REFERENCES campaigns(id),
+        kind TEXT NOT NULL CHECK (kind IN ('keep','run')),
+        experiment_id INTEGER REFERENCES experiments(id),
+        status TEXT NOT NULL DEFAULT 'pending'
+            CHECK (status IN ('pending','approved','rejected','expired','applied','stale','conflict','ran')),
+        commit_sha TEXT NOT NULL,
+        base_commit TEXT NOT NULL,
+        branch TEXT,
+        source_sha TEXT,
+        description TEXT NOT NULL,
+        payload TEXT NOT NULL DEFAULT '{}',
+        created_at REAL NOT NULL,
+        expires_at REAL,
+        decided_by TEXT,
+        decided_via TEXT,
+        decided_at REAL,
+        decision_note TEXT,
+        applied_at REAL,
+        outcome TEXT
+    );
+    CREATE INDEX approvals_status ON approvals(campaign_id, status)
+    """,
 ]
+
+
+
+def _widen_verdicts(c: sqlite3.Connection) -> None:
+    """Allow verdict 'pending_approval'. SQLite cannot alter a CHECK constraint, so the table is rebuilt
+    from its own current definition (columns other migrations added come along), every row and index
+    kept (SQLite's documented 12-step procedure; foreign keys are off around it, see _migrate)."""
+    sql = c.execute("SELECT sql FROM sqlite_master WHERE type='table' AND name='experiments'").fetchone()[0]
+    if "'pending_approval'" in sql:
+        return
+    new, n = re.subn(r"(CHECK\s*\(\s*verdict\s+IN\s*\()([^)]*)\)", r"\1\2,'pending_approval')", sql, count=1)
+    if n != 1:
+        raise LedgerError("cannot find the verdict CHECK constraint of the experiments table to widen")
+    new, n = re.subn(r"^CREATE TABLE\s+\"?experiments\"?", "CREATE TABLE experiments_new", new, count=1)
+    if n != 1:
+        raise LedgerError("unexpected definition of the experiments table")
+    indexes = [r[0] for r in c.execute("SELECT sql FROM sqlite_master WHERE type='index' AND tbl_name='experiments' "
+                                       "AND sql IS NOT NULL")]
+    before = c.execute("SELECT COUNT(*) FROM experiments").fetchone()[0]
+    c.execute(new)
+    c.execute("INSERT INTO experiments_new SELECT * FROM experiments")
+    c.execute("DROP TABLE experiments")
+    c.execute("ALTER TABLE experiments_new RENAME TO experiments")
+    for stmt in indexes:
+        c.execute(stmt)
+    if c.execute("SELECT COUNT(*) FROM experiments").fetchone()[0] != before:
+        raise LedgerError("rebuilding the experiments table lost rows; nothing was changed")
+
+
+# 9: verdict 'pending_approval' (a keep that waits for a person under autonomy = approve-keeps)
+MIGRATIONS.append(_widen_verdicts)
 
 # Columns an experiment row may be updated with (guards against typos reaching SQL).
 _EXPERIMENT_FIELDS = {
@@ -230,12 +288,26 @@ class Ledger:
             raise LedgerError(f"{self.path} has schema version {version}, newer than this loopwright "
                               f"({len(MIGRATIONS)}); upgrade loopwright instead of downgrading the ledger")
         for number in range(version, len(MIGRATIONS)):
-            with self.tx() as c:
-                # executescript would COMMIT mid-transaction; run statements one by one
-                for stmt in MIGRATIONS[number].split(";"):
-                    if stmt.strip():
-                        c.execute(stmt)
-                c.execute(f"PRAGMA user_version = {number + 1}")
+            step = MIGRATIONS[number]
+            if callable(step):   # a table rebuild: foreign keys off (only possible outside a transaction)
+                self.conn.execute("PRAGMA foreign_keys=OFF")
+            try:
+                with self.tx() as c:
+                    if c.execute("PRAGMA user_version").fetchone()[0] > number:
+                        continue   # another process applied it meanwhile
+                    if callable(step):
+                        step(c)
+                        if c.execute("PRAGMA foreign_key_check").fetchone() is not None:
+                            raise LedgerError(f"migration {number + 1} would break foreign keys; nothing changed")
+                    else:
+                        # executescript would COMMIT mid-transaction; run statements one by one
+                        for stmt in step.split(";"):
+                            if stmt.strip():
+                                c.execute(stmt)
+                    c.execute(f"PRAGMA user_version = {number + 1}")
+            finally:
+                if callable(step):
+                    self.conn.execute("PRAGMA foreign_keys=ON")
 
     @property
     def schema_version(self) -> int:
@@ -654,6 +726,72 @@ class Ledger:
     def max_experiment_id(self, campaign_id: int) -> int:
         return int(self.conn.execute("SELECT COALESCE(MAX(id), 0) FROM experiments WHERE campaign_id=?",
                                      (campaign_id,)).fetchone()[0])
+
+    # -- approvals (the autonomy slider) -------------------------------------
+    def create_approval(self, campaign_id: int, kind: str, commit_sha: str, base_commit: str, description: str,
+                        branch_prefix: str, experiment_id: Optional[int] = None, source_sha: Optional[str] = None,
+                        payload: Optional[dict] = None, expires_at: Optional[float] = None) -> int:
+        """A pending approval; its branch is `branch_prefix` + its id."""
+        with self.tx() as c:
+            aid = int(c.execute(
+                "INSERT INTO approvals(campaign_id, kind, experiment_id, commit_sha, base_commit, source_sha, "
+                "description, payload, created_at, expires_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (campaign_id, kind, experiment_id, commit_sha, base_commit, source_sha, description,
+                 json.dumps(payload or {}, sort_keys=True), time.time(), expires_at)).lastrowid)
+            c.execute("UPDATE approvals SET branch=? WHERE id=?", (f"{branch_prefix}{aid}", aid))
+            return aid
+
+    def approval(self, approval_id: int) -> Optional[dict]:
+        r = _row(self.conn.execute("SELECT * FROM approvals WHERE id=?", (approval_id,)).fetchone())
+        if r is not None:
+            r["payload"] = json.loads(r["payload"] or "{}")
+        return r
+
+    def approvals(self, campaign_id: Optional[int] = None, statuses: Iterable[str] = (),
+                  kind: Optional[str] = None) -> list[dict]:
+        sql, args = "SELECT * FROM approvals WHERE 1=1", []
+        if campaign_id is not None:
+            sql += " AND campaign_id=?"
+            args.append(campaign_id)
+        statuses = list(statuses)
+        if statuses:
+            sql += f" AND status IN ({','.join('?' * len(statuses))})"
+            args += statuses
+        if kind is not None:
+            sql += " AND kind=?"
+            args.append(kind)
+        out = []
+        for r in self.conn.execute(sql + " ORDER BY id", args):
+            d = dict(r)
+            d["payload"] = json.loads(d["payload"] or "{}")
+            out.append(d)
+        return out
+
+    def decide_approval(self, approval_id: int, status: str, who: str, via: str, note: Optional[str] = None,
+                        at: Optional[float] = None) -> bool:
+        """Decide a pending approval, once: True if this call decided it, False if it was decided already."""
+        if status not in ("approved", "rejected", "expired"):
+            raise LedgerError(f"unknown decision {status!r}")
+        with self.tx() as c:
+            return c.execute("UPDATE approvals SET status=?, decided_by=?, decided_via=?, decided_at=?, "
+                             "decision_note=? WHERE id=? AND status='pending'",
+                             (status, who, via, time.time() if at is None else at, note, approval_id)).rowcount == 1
+
+    def settle_approval(self, approval_id: int, status: str, outcome: str, from_status: str = "approved",
+                        experiment_id: Optional[int] = None) -> bool:
+        """Record what applying an approved change did (applied, stale, conflict, ran), once."""
+        if status not in ("applied", "stale", "conflict", "ran"):
+            raise LedgerError(f"unknown settlement {status!r}")
+        with self.tx() as c:
+            return c.execute("UPDATE approvals SET status=?, outcome=?, applied_at=?, "
+                             "experiment_id=COALESCE(?, experiment_id) WHERE id=? AND status=?",
+                             (status, outcome[:1000], time.time(), experiment_id, approval_id,
+                              from_status)).rowcount == 1
+
+    def expired_approvals(self, now: float) -> list[int]:
+        return [r[0] for r in self.conn.execute(
+            "SELECT id FROM approvals WHERE status='pending' AND expires_at IS NOT NULL AND expires_at<=? ORDER BY id",
+            (now,))]
 
     # -- key/value for small bits of state (e.g. a Jira issue key per campaign)
     def kv_get(self, key: str) -> Optional[str]:

@@ -536,8 +536,14 @@ class Engine:
             best_mean, n_best = self.best(c)
             if best_mean is None:
                 raise LoopError("no baseline yet: call run_experiment first (it measures the baseline)")
-            sig = self.sigma(c)
-            v = verdict.decide(samples, best_mean, n_best, sig, self.ws.cfg.noise)
+            pairs = self._pairs(exp["id"])
+            sig, _ = self.sigma_paired(c)
+            noise = self.ws.cfg.noise
+            # an experiment recorded before paired verdicts has no pairs: compare with the best's mean
+            diffs = [p.d for p in pairs] or [s - best_mean for s in samples]
+            n_confirms = sum(r["role"] == "confirm" or (r["role"] is None and r["status"] == "ok")
+                             for r in self.ledger.confirm_runs(exp["id"]))
+            v = verdict.decide(diffs, sig, noise, n_planned=noise.baseline_seeds, n_confirms=n_confirms)
             ids = [exp["id"]] + [r["id"] for r in self.ledger.confirm_runs(exp["id"])]
             for i in ids:
                 self.ledger.update_experiment(i, verdict=v.kind, verdict_reason=v.reason)
@@ -553,7 +559,7 @@ class Engine:
                     "baseline": statistics.fmean(base) if base else None,
                     "delta_vs_best": statistics.fmean(samples) - previous,
                     "delta_vs_baseline": statistics.fmean(samples) - statistics.fmean(base) if base else None,
-                    "sigma": sig, "threshold": v.threshold, "tag": c["tag"],
+                    "sigma": sig, "threshold": v.threshold, "tag": c["tag"], "paired_gain": v.gain,
                     "plot_path": str(self.ws.reports_dir / "progress.png"),
                     "test_bpb": statistics.fmean(test) if test else None,
                     "test_divergence": self._test_divergence(c, exp, samples, test)}, sinks)
@@ -568,10 +574,12 @@ class Engine:
             self._record_if_budget_spent(c)
             c = self.ledger.campaign(c["id"])
             best_after, _ = self.best(c)
+            lo, hi = verdict.paired_interval(diffs, sig)
             return ScoreResult(experiment_id=exp["id"], verdict=v.kind, gain=round(v.gain, 6),
                                threshold=round(v.threshold, 6), sigma=round(sig, 6), samples=samples,
                                best_val_bpb=best_after, best_commit=c["best_commit"][:10], reason=v.reason,
-                               next_step=nxt)
+                               pairs=pairs, interval=(round(lo, 6), round(hi, 6)), early_stop=v.early_stop,
+                               mde=round(verdict.mde(sig, noise, noise.baseline_seeds), 6), next_step=nxt)
 
     def _scorable(self, c: dict, experiment_id: Optional[int]) -> dict:
         if experiment_id is None:
@@ -651,8 +659,15 @@ class Engine:
         should_stop = bool(reasons)
         nxt = ("Stop now: the budget is spent. Summarise what you learned with note()." if should_stop else
                "Budget remains: keep going (state_read, edit train.py, run_experiment, score).")
+        sd, _ = self.sigma_paired(c)
+        noise = self.ws.cfg.noise
+        bar, mde = verdict.bar(sd, noise, noise.baseline_seeds), verdict.mde(sd, noise, noise.baseline_seeds)
+        if not should_stop:
+            nxt += (f" Detectable effect now: ~{mde:.4f} bits/byte (a keep needs a mean paired gain of {bar:.4f} "
+                    f"on {noise.baseline_seeds} seeds); prefer changes you expect to gain at least that much.")
         return BudgetResult(**{**st.model_dump(), "reasons": reasons, "should_stop": should_stop},
-                            stop_requested=stop, next_step=nxt)
+                            stop_requested=stop, sigma_paired=round(sd, 6), keep_threshold=round(bar, 6),
+                            mde=round(mde, 6), runs_per_experiment=noise.baseline_seeds, next_step=nxt)
 
     def _record_if_budget_spent(self, c: dict) -> None:
         """After a write (a run recorded, a verdict given): the first time the budget is spent, record the
@@ -695,9 +710,16 @@ class Engine:
         base = self.ledger.baseline_samples(c["id"])
         sig = self.sigma(c)
         n = self.ws.cfg.noise
+        sd, dof = self.sigma_paired(c)
+        idx, seeds = self.seed_set(c)
         return NoiseInfo(baseline_samples=base, baseline_mean=statistics.fmean(base) if base else None, sigma=sig,
-                         min_delta=n.min_delta, k_sigma=n.k_sigma,
-                         single_run_threshold=verdict.threshold(sig, n, 1, max(1, len(base))))
+                         min_delta=n.min_delta, k_sigma=n.k_sigma, single_run_threshold=verdict.bar(sd, n, 1),
+                         sigma_paired=sd, paired_dof=dof, seeds=seeds, seed_set=idx,
+                         keep_threshold=verdict.bar(sd, n, len(seeds)), mde=verdict.mde(sd, n, len(seeds)),
+                         rule=(f"candidates run on the reference's seeds; keep iff mean(candidate - reference) <= "
+                               f"-max({n.min_delta}, {n.k_sigma} * sigma_paired / sqrt(n)); sigma_paired pools "
+                               f"{dof} dof of this campaign's pairs with a prior {n.sigma_prior} worth "
+                               f"{n.prior_pairs:g} pairs; fresh seed set every {n.rotate_every} candidates"))
 
     def summary(self, c: Optional[dict] = None) -> Summary:
         c = c or self.campaign
