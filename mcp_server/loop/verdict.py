@@ -29,7 +29,7 @@ import math
 import re
 import statistics
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Literal, Optional, Sequence
 
 from mcp_server.loop.config import NoiseConfig
 
@@ -131,3 +131,25 @@ def _strip(src: str) -> list[str]:
 def seed_only_change(old_src: str, new_src: str) -> bool:
     """True when two train.py versions differ only in seed-related lines (or comments/blank lines)."""
     return old_src != new_src and _strip(old_src) == _strip(new_src)
+
+
+def _code_tokens(src: str) -> Optional[list[tuple[int, str]]]:
+    """The source's tokens without comments, blank lines or layout; None if it does not tokenize."""
+    import io
+    import tokenize
+
+    skip = (tokenize.COMMENT, tokenize.NL, tokenize.ENCODING)
+    try:
+        return [(t.type, "" if t.type in (tokenize.INDENT, tokenize.DEDENT, tokenize.NEWLINE) else t.string)
+                for t in tokenize.generate_tokens(io.StringIO(src).readline) if t.type not in skip]
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        return None
+
+
+def comments_only_change(old_src: str, new_src: str) -> bool:
+    """True when two train.py versions differ only in comments, blank lines or whitespace: the same code,
+    so the same result (a run would measure seed noise)."""
+    if old_src == new_src:
+        return False
+    old, new = _code_tokens(old_src), _code_tokens(new_src)
+    return old is not None and old == new
