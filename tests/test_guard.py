@@ -1,4 +1,4 @@
-"""The guard (mcp_server/guard.py, guard_bash.py, hooks/guard, hooks/hooks.json).
+"""The guard (mcp_server/guard/, hooks/guard, hooks/hooks.json).
 
 Payload shapes come from the real clients: tests/guard_payloads/{claude_code,codex}.json
 were recorded by tests/guard_payloads/record.py (Claude Code 2.1.197 and Codex 0.171.0
@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from mcp_server.guard import hook as guard
+from mcp_server.guard import policy as guard_policy
+from mcp_server.guard import pretooluse, session_start, stop
 from mcp_server.loop.config import LoopwrightConfig, PathsConfig, dump_config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -80,8 +81,8 @@ def payload(client: str, ws: Path, tool: str, tool_input: dict, cwd: Path | str 
     return p
 
 
-def decide(p: dict) -> guard.Decision:
-    return guard.decide_for_payload(p)
+def decide(p: dict) -> pretooluse.Decision:
+    return pretooluse.decide_for_payload(p)
 
 
 # --------------------------------------------------------------------------- the recorded payloads
@@ -332,17 +333,17 @@ def test_fast_paths_table_matches_pathsconfig(tmp_path):
          "state_dir": ".lw"},
     ]
     for table in tables:
-        fast = guard._paths_table_fast(table)
-        slow = guard.policy_from_config(tmp_path, PathsConfig.model_validate(table))
+        fast = guard_policy._paths_table_fast(table)
+        slow = guard_policy.policy_from_config(tmp_path, PathsConfig.model_validate(table))
         assert fast is not None
-        assert guard.Policy(str(tmp_path), **fast).__dict__.keys() == slow.__dict__.keys()
-        assert (guard.Policy(str(tmp_path), **fast).frozen, guard.Policy(str(tmp_path), **fast).state_dir) == (
+        assert guard_policy.Policy(str(tmp_path), **fast).__dict__.keys() == slow.__dict__.keys()
+        assert (guard_policy.Policy(str(tmp_path), **fast).frozen, guard_policy.Policy(str(tmp_path), **fast).state_dir) == (
             slow.frozen, slow.state_dir)
     # anything PathsConfig would reject (or complete with defaults) takes the pydantic path
     for bad in ({"editable": ["train.py"]}, {**PathsConfig().model_dump(), "editable": []},
                 {**PathsConfig().model_dump(), "frozen": ["/etc/passwd"]},
                 {**PathsConfig().model_dump(), "frozen": ["train.py"]}, {**PathsConfig().model_dump(), "x": 1}):
-        assert guard._paths_table_fast(bad) is None
+        assert guard_policy._paths_table_fast(bad) is None
 
 
 def test_custom_paths_from_toml_are_honoured(ws):
@@ -468,8 +469,8 @@ def test_entry_point_fails_closed(stdin):
 def test_crash_inside_the_decision_blocks(ws, monkeypatch, capsys):
     def boom(*a, **k):
         raise RuntimeError("bug")
-    monkeypatch.setattr(guard, "decide_pre_tool_use", boom)
-    rc = guard._main_pre_tool_use(json.dumps(recorded("claude", ws, "toolu_lw_12_0")), False)
+    monkeypatch.setattr(pretooluse, "decide_pre_tool_use", boom)
+    rc = pretooluse.main_pre_tool_use(json.dumps(recorded("claude", ws, "toolu_lw_12_0")), False)
     assert rc == 2 and "RuntimeError: bug" in capsys.readouterr().err
 
 
@@ -514,8 +515,8 @@ def test_hooks_json_wires_every_event_through_the_launcher():
 def test_hot_path_does_not_import_pydantic_torch_or_mcp(ws):
     code = textwrap.dedent(f"""
         import sys
-        from mcp_server.guard import hook as guard
-        d = guard.decide_for_payload({{"cwd": {str(ws)!r}, "tool_name": "Bash",
+        from mcp_server.guard import pretooluse
+        d = pretooluse.decide_for_payload({{"cwd": {str(ws)!r}, "tool_name": "Bash",
                                        "tool_input": {{"command": "echo > prepare.py"}}}})
         assert not d.allow
         heavy = sorted(m for m in ("pydantic", "torch", "mcp", "numpy", "git") if m in sys.modules)
@@ -540,46 +541,46 @@ def test_in_process_decision_is_fast(ws):
 
 def test_stop_blocks_while_budget_remains():
     status = {"should_stop": False, "reason": "budget remains", "next_step": "Call run_experiment."}
-    assert guard.stop_decision({}, status) == {"decision": "block", "reason": "Call run_experiment."}
-    generic = guard.stop_decision({}, {"should_stop": False, "reason": "12 experiments left"})
+    assert stop.stop_decision({}, status) == {"decision": "block", "reason": "Call run_experiment."}
+    generic = stop.stop_decision({}, {"should_stop": False, "reason": "12 experiments left"})
     assert generic["decision"] == "block" and "12 experiments left" in generic["reason"]
     assert "run_experiment" in generic["reason"]
 
 
 def test_stop_allowed_when_budget_spent_or_status_unknown():
-    assert guard.stop_decision({}, {"should_stop": True, "reason": "max_experiments"}) is None
-    assert guard.stop_decision({}, None) is None
+    assert stop.stop_decision({}, {"should_stop": True, "reason": "max_experiments"}) is None
+    assert stop.stop_decision({}, None) is None
     obj = types.SimpleNamespace(should_stop=True, reason="spent", next_step="")
-    assert guard.stop_decision({"stop_hook_active": True}, obj) is None
+    assert stop.stop_decision({"stop_hook_active": True}, obj) is None
 
 
 def test_stop_hook_active_alone_does_not_release_the_agent():
     status = {"should_stop": False, "next_step": "go on"}
-    assert guard.stop_decision({"stop_hook_active": True}, status, idle_blocks=3)["decision"] == "block"
-    assert guard.stop_decision({"stop_hook_active": True}, status, idle_blocks=20, max_idle_blocks=20) is None
-    assert guard.stop_decision({"stop_hook_active": True}, status, idle_blocks=99, max_idle_blocks=0) is not None
+    assert stop.stop_decision({"stop_hook_active": True}, status, idle_blocks=3)["decision"] == "block"
+    assert stop.stop_decision({"stop_hook_active": True}, status, idle_blocks=20, max_idle_blocks=20) is None
+    assert stop.stop_decision({"stop_hook_active": True}, status, idle_blocks=99, max_idle_blocks=0) is not None
 
 
 def test_run_stop_counts_idle_blocks_and_resets_on_progress(ws, monkeypatch):
     state = {"should_stop": False, "reason": "budget remains", "next_step": "go", "progress": 1}
-    monkeypatch.setattr(guard, "load_status", lambda root: dict(state))
+    monkeypatch.setattr(stop, "load_status", lambda root: dict(state))
     monkeypatch.setenv("LOOPWRIGHT_STOP_MAX_IDLE_BLOCKS", "3")
     first = {**recorded("claude", ws, event="Stop"), "cwd": str(ws)}
     again = {**first, "stop_hook_active": True}
-    assert guard.run_stop(first, str(ws)) is not None
-    assert guard.run_stop(again, str(ws)) is not None
-    assert guard.run_stop(again, str(ws)) is not None
-    assert guard.run_stop(again, str(ws)) is None            # three blocks without progress: let it stop
+    assert stop.run_stop(first, str(ws)) is not None
+    assert stop.run_stop(again, str(ws)) is not None
+    assert stop.run_stop(again, str(ws)) is not None
+    assert stop.run_stop(again, str(ws)) is None            # three blocks without progress: let it stop
     state["progress"] = 2                                    # an experiment ran in between
-    assert guard.run_stop(again, str(ws)) is not None
+    assert stop.run_stop(again, str(ws)) is not None
     state["should_stop"] = True
-    assert guard.run_stop(again, str(ws)) is None
+    assert stop.run_stop(again, str(ws)) is None
 
 
 def test_load_status_without_engine_is_unknown(monkeypatch, capsys, ws):
     monkeypatch.setitem(sys.modules, "mcp_server.loop.status", None)   # import fails
-    assert guard.load_status(ws) is None
-    assert guard.run_stop(recorded("codex", ws, event="Stop"), str(ws)) is None
+    assert stop.load_status(ws) is None
+    assert stop.run_stop(recorded("codex", ws, event="Stop"), str(ws)) is None
     assert "letting the agent stop" in capsys.readouterr().err
 
 
@@ -587,20 +588,20 @@ def test_load_status_uses_engine_loop_status(monkeypatch, ws):
     fake = types.ModuleType("mcp_server.loop.status")
     fake.loop_status = lambda root: {"should_stop": False, "reason": "r", "next_step": f"next in {root}"}
     monkeypatch.setitem(sys.modules, "mcp_server.loop.status", fake)
-    assert guard.load_status(ws)["next_step"] == f"next in {ws}"
+    assert stop.load_status(ws)["next_step"] == f"next in {ws}"
 
 
 def test_stop_entry_prints_block_json(ws, monkeypatch, capsys):
-    monkeypatch.setattr(guard, "load_status", lambda root: {"should_stop": False, "next_step": "keep going"})
-    assert guard._main_stop(json.dumps(recorded("claude", ws, event="Stop")), False) == 0
+    monkeypatch.setattr(stop, "load_status", lambda root: {"should_stop": False, "next_step": "keep going"})
+    assert stop.main_stop(json.dumps(recorded("claude", ws, event="Stop")), False) == 0
     assert json.loads(capsys.readouterr().out) == {"decision": "block", "reason": "keep going"}
 
 
 def test_stop_entry_lets_go_when_status_raises(ws, monkeypatch, capsys):
     def broken(root):
         raise RuntimeError("ledger locked")
-    monkeypatch.setattr(guard, "load_status", broken)
-    assert guard._main_stop(json.dumps(recorded("codex", ws, event="Stop")), False) == 0
+    monkeypatch.setattr(stop, "load_status", broken)
+    assert stop.main_stop(json.dumps(recorded("codex", ws, event="Stop")), False) == 0
     out = capsys.readouterr()
     assert out.out == "" and "ledger locked" in out.err
 
@@ -611,20 +612,20 @@ def test_session_start_uses_the_engine_summary(ws, monkeypatch, capsys):
     fake = types.ModuleType("mcp_server.loop.status")
     fake.session_summary = lambda root: "best val_bpb 1.23 after 7 experiments"
     monkeypatch.setitem(sys.modules, "mcp_server.loop.status", fake)
-    assert guard._main_session_start(json.dumps(recorded("claude", ws, event="SessionStart")), False) == 0
+    assert session_start.main_session_start(json.dumps(recorded("claude", ws, event="SessionStart")), False) == 0
     out = json.loads(capsys.readouterr().out)["hookSpecificOutput"]
     assert out == {"hookEventName": "SessionStart", "additionalContext": "best val_bpb 1.23 after 7 experiments"}
 
 
 def test_session_start_falls_back_to_a_pointer_to_program_md(ws, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "mcp_server.loop.status", None)
-    assert guard._main_session_start(json.dumps(recorded("codex", ws, event="SessionStart")), False) == 0
+    assert session_start.main_session_start(json.dumps(recorded("codex", ws, event="SessionStart")), False) == 0
     text = json.loads(capsys.readouterr().out)["hookSpecificOutput"]["additionalContext"]
     assert "program.md" in text and "train.py" in text
 
 
 def test_session_start_outside_a_workspace_is_silent(tmp_path, capsys):
-    assert guard._main_session_start(json.dumps({"cwd": str(tmp_path), "source": "startup"}), False) == 0
+    assert session_start.main_session_start(json.dumps({"cwd": str(tmp_path), "source": "startup"}), False) == 0
     assert capsys.readouterr().out == ""
 
 

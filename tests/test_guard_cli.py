@@ -2,7 +2,8 @@
 import pytest
 
 from mcp_server.loop.config import PathsConfig
-from mcp_server.guard.hook import decide_pre_tool_use, policy_from_config
+from mcp_server.guard.policy import policy_from_config
+from mcp_server.guard.pretooluse import decide_pre_tool_use
 
 
 @pytest.fixture()

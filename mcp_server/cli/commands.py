@@ -10,9 +10,9 @@ def register(sub, ws_arg, command) -> None:
 
     @command("guard")
     def cmd_guard(args) -> int:
-        from mcp_server.guard import hook as guard
+        from mcp_server.guard import main as guard_main
 
-        return guard.main([args.event])
+        return guard_main([args.event])
 
     sp = ws_arg(sub.add_parser("doctor", help="check the workspace, server, hooks and agent CLIs; say what to fix"))
     sp.add_argument("--skip-server", action="store_true", help="do not start the MCP server")

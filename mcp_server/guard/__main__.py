@@ -1,5 +1,5 @@
 import sys
 
-from mcp_server.guard.hook import main
+from mcp_server.guard.entry import main
 
 sys.exit(main())

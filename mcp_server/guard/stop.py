@@ -1,0 +1,144 @@
+"""Stop: block the agent from stopping while the campaign budget remains.
+
+`stop_hook_active` alone does not release the agent; LOOPWRIGHT_STOP_MAX_IDLE_BLOCKS (default
+20) consecutive blocks without progress do. Claude Code ends a turn after 8 consecutive Stop
+blocks unless CLAUDE_CODE_STOP_HOOK_BLOCK_CAP=0, which headless launchers set. A broken status
+lets the agent stop (fail open: it must not trap the agent).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from typing import Any, Optional
+
+from mcp_server.guard.payload import session_root
+from mcp_server.guard.policy import Policy, load_policy, note
+
+DEFAULT_MAX_IDLE_STOP_BLOCKS = 20
+
+
+def _status_dict(status: Any) -> Optional[dict]:
+    if status is None:
+        return None
+    if hasattr(status, "model_dump"):
+        status = status.model_dump()
+    elif not isinstance(status, dict):
+        status = {k: getattr(status, k) for k in dir(status) if not k.startswith("_")
+                  and not callable(getattr(status, k))}
+    return dict(status)
+
+
+def _default_next_step(reason: str) -> str:
+    return (f"Budget remains{f' ({reason})' if reason else ''}. Do not stop and do not ask whether to "
+            "continue: call suggest_next or state_read, make one change to train.py, call run_experiment, "
+            "then score. Repeat until budget_check says should_stop.")
+
+
+def stop_decision(payload: dict, status: Any, idle_blocks: int = 0,
+                  max_idle_blocks: int = DEFAULT_MAX_IDLE_STOP_BLOCKS) -> Optional[dict]:
+    """{"decision": "block", "reason": next step} while budget remains, else None (let it stop).
+
+    status: {should_stop, reason, next_step} (dict or object); None = unknown -> let it stop.
+    stop_hook_active (Claude Code and Codex: this stop follows one we blocked) does not by itself
+    release the agent — the budget is the stop condition — but idle_blocks (consecutive blocks
+    with no progress in between) at max_idle_blocks does, so a stuck agent cannot loop forever.
+    max_idle_blocks 0 disables that cap.
+    """
+    st = _status_dict(status)
+    if st is None or st.get("should_stop"):
+        return None
+    if max_idle_blocks and idle_blocks >= max_idle_blocks:
+        return None
+    reason = str(st.get("next_step") or "") or _default_next_step(str(st.get("reason") or ""))
+    return {"decision": "block", "reason": reason}
+
+
+def load_status(root) -> Optional[dict]:
+    """The loop's budget status from mcp_server.loop.status.loop_status, or None when unknown."""
+    try:
+        from mcp_server.loop.status import loop_status
+    except ImportError as e:
+        note(f"loopwright guard: loop status unavailable ({e}); letting the agent stop")
+        return None
+    return _status_dict(loop_status(root))
+
+
+def _progress_mark(status: dict) -> str:
+    """Changes when the loop made progress (an experiment ran). Prefer an explicit counter."""
+    for key in ("progress", "experiments", "experiments_done", "n_experiments", "experiments_used"):
+        if key in status:
+            return json.dumps(status[key], default=str)
+    return json.dumps(status, sort_keys=True, default=str)
+
+
+def _stop_counter_path(policy: Policy, session_id: str) -> Optional[str]:
+    if not os.path.isdir(policy.state_abs):
+        return None
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", session_id or "default")[:100]
+    return os.path.join(policy.state_abs, "guard", f"stop-{safe}.json")
+
+
+def run_stop(payload: dict, root: str) -> Optional[dict]:
+    """Stop hook for one workspace: the decision, with the idle-block counter kept on disk."""
+    status = load_status(root)
+    if status is None:
+        return None
+    counter = _stop_counter_path(load_policy(root), str(payload.get("session_id") or ""))
+    mark = _progress_mark(status)
+    saved = _read_json(counter) if counter else {}
+    idle = 0
+    if payload.get("stop_hook_active") and saved.get("mark") == mark:
+        idle = int(saved.get("blocks", 0))
+    cap = _int_env("LOOPWRIGHT_STOP_MAX_IDLE_BLOCKS", DEFAULT_MAX_IDLE_STOP_BLOCKS)
+    decision = stop_decision(payload, status, idle, cap)
+    if decision is None and status and not status.get("should_stop"):
+        note(f"loopwright guard: {idle} stop attempts in a row without progress; letting the agent stop")
+    if counter:
+        _write_json(counter, {"mark": mark, "blocks": idle + 1} if decision else {})
+    return decision
+
+
+# --------------------------------------------------------------------------- SessionStart
+
+def main_stop(raw: str, exit_code_format: bool) -> int:
+    try:
+        payload = json.loads(raw)
+        root = session_root(payload)
+        decision = run_stop(payload, root) if root else None
+    except Exception as e:
+        # fail open here: blocking on a broken status could keep an agent spinning forever
+        note(f"loopwright guard: stop check failed ({type(e).__name__}: {e}); letting the agent stop")
+        return 0
+    if decision:
+        sys.stdout.write(json.dumps(decision) + "\n")
+    return 0
+
+
+def _int_env(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+def _read_json(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_json(path: str, data: dict):
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(data, f)
+        os.replace(tmp, path)
+    except OSError as e:
+        note(f"loopwright guard: cannot record the stop counter ({e})")
+
