@@ -1,11 +1,15 @@
-"""loopwright.toml: the workspace configuration, validated by pydantic.
+"""The workspace configuration, validated by pydantic.
 
-Two kinds of settings live in one file:
-- frozen ones ([benchmark], [paths], [noise]) decide the score; their canonical
-  hash is part of the frozen manifest, so changing them mid-campaign is tamper;
+Two kinds of settings, kept in two places:
+- frozen ones ([benchmark], [paths], [noise]) decide the score; they live in the
+  workspace's loopwright.toml, their canonical hash is part of the frozen
+  manifest, so changing them mid-campaign is tamper;
 - operational ones ([campaign], [budget], [[schedule]], [slack], [jira],
-  [webhook]) stay the user's to change between sessions.
-Secrets never appear here: only the *names* of environment variables.
+  [webhook]) are the human's: they live in the state directory's settings.toml,
+  out of the agent's reach, changed with `loopwright config set` (settings.py).
+  Copies of them found in loopwright.toml (old workspaces) are imported once and
+  then ignored with a warning.
+Secrets never appear in either file: only the *names* of environment variables.
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ else:  # pragma: no cover
 
 CONFIG_NAME = "loopwright.toml"
 FROZEN_SECTIONS = ("benchmark", "paths", "noise")
+OPERATIONAL_SECTIONS = ("campaign", "budget", "schedule", "slack", "jira", "webhook")
 
 
 class ConfigError(ValueError):
@@ -37,6 +42,13 @@ class _Section(BaseModel):
 class CampaignConfig(_Section):
     tag: str = Field(default="main", pattern=r"^[A-Za-z0-9._-]{1,64}$")
     agent: Literal["claude", "codex", "builtin"] = "builtin"
+    # the autonomy slider (operational: the human's to change): who closes each cycle
+    autonomy: Literal["closed", "approve-keeps", "approve-runs"] = "closed"
+    keep_timeout_hours: Optional[float] = Field(default=24.0, gt=0, description="a keep waiting longer is rejected")
+    run_timeout_hours: Optional[float] = Field(default=24.0, gt=0, description="a run waiting longer is rejected")
+    max_waiting: int = Field(default=3, ge=1, description="the agent may stop once this many keeps wait on a person")
+    slack_approvers: list[str] = Field(default_factory=list, description="Slack user ids allowed to decide")
+    jira_approvers: list[str] = Field(default_factory=list, description="Jira accountIds (or names) allowed to decide")
 
 
 class BenchmarkConfig(_Section):
@@ -219,8 +231,31 @@ def load_config(root: Path | str) -> LoopwrightConfig:
     return cfg.model_copy(deep=True)
 
 
-def dump_config(cfg: LoopwrightConfig) -> str:
-    """TOML text for a config, with None values dropped (TOML has no null)."""
+def toml_text(data: dict) -> str:
+    """TOML for plain data, with None values and empty lists dropped: TOML has no null, and an empty
+    `schedule = []` would make a later `[[schedule]]` table invalid TOML (issue 15)."""
     import tomli_w
 
-    return tomli_w.dumps(cfg.model_dump(mode="json", exclude_none=True))
+    def clean(v):
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items() if x is not None and x != []}
+        if isinstance(v, list):
+            return [clean(x) for x in v]
+        return v
+
+    return tomli_w.dumps(clean(data))
+
+
+def dump_config(cfg: LoopwrightConfig, sections: tuple[str, ...] = FROZEN_SECTIONS) -> str:
+    """TOML text for the given sections of a config (default: the frozen ones, what loopwright.toml holds)."""
+    data = cfg.model_dump(mode="json", exclude_none=True)
+    return toml_text({k: data[k] for k in sections if k in data})
+
+
+def operational_data(text: str) -> dict:
+    """The operational sections present in a loopwright.toml text ({} when none or unparsable)."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        return {}
+    return {k: data[k] for k in OPERATIONAL_SECTIONS if k in data}
