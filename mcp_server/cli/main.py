@@ -29,6 +29,13 @@ def _engine(args):
 def cmd_init(args) -> int:
     from mcp_server.loop.workspace import init_workspace
 
+    from mcp_server.loop.budget import check_time_budget
+
+    try:
+        check_time_budget(args.time_budget)
+    except ValueError as e:
+        print(f"loopwright init: {e}", file=sys.stderr)
+        return 2
     ws = init_workspace(args.dir, tag=args.tag, corpus=args.corpus, time_budget=args.time_budget, force=args.force)
     print(f"workspace ready: {ws.root} (campaign '{args.tag}', branch loopwright/{args.tag})")
     print(f"next: `loopwright serve --workspace {ws.root}` for an agent, or "
@@ -172,7 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("dir")
     sp.add_argument("--tag", default="main", help="campaign tag; branch loopwright/<tag>")
     sp.add_argument("--corpus", default="stdlib", help="stdlib (default, offline), tinystories, climbmix or a PATH")
-    sp.add_argument("--time-budget", type=float, default=None, help="training seconds per experiment")
+    sp.add_argument("--time-budget", type=float, default=None, metavar="S",
+                    help="wall-clock seconds each experiment's train.py may run, start-up (imports, data loading, "
+                         "compilation) included; at least 30 (default 30)")
     sp.add_argument("--force", action="store_true", help="allow a non-empty directory or an existing git repo")
 
     sp = ws_arg(sub.add_parser("serve", help="run the MCP server (stdio by default)"))

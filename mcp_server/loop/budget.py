@@ -9,6 +9,19 @@ from mcp_server.loop.config import BudgetConfig
 from mcp_server.ledger.store import Ledger
 
 
+# A run's time budget is wall-clock for the whole train.py process: start-up (imports, data loading,
+# compilation: 5-20 s on a small CPU) counts. Below this a run gets a handful of steps and its score
+# (~8 bits/byte at 10 s) says nothing about the change it was meant to test.
+MIN_TIME_BUDGET_S = 30.0
+
+
+def check_time_budget(seconds: Optional[float]) -> None:
+    """Raise ValueError, with the minimum, for a per-experiment time budget too small to learn anything."""
+    if seconds is not None and not seconds >= MIN_TIME_BUDGET_S:
+        raise ValueError(f"--time-budget {seconds:g} s is too small to learn anything: it is wall-clock for the "
+                         f"whole run, start-up included; use at least {MIN_TIME_BUDGET_S:g} s")
+
+
 class BudgetStatus(BaseModel):
     experiments_used: int
     experiments_left: Optional[int]
