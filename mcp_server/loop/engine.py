@@ -313,6 +313,10 @@ class Engine:
         best_src = self._committed_source(c["best_commit"])
         if src == best_src:
             raise LoopError("train.py is identical to the best version: edit it first, then call run_experiment.")
+        if verdict.comments_only_change(best_src, src):
+            raise LoopError("only comments/whitespace changed in train.py: the code is the same as the best "
+                            "version, so a run would only measure noise. Change the code itself, then call "
+                            "run_experiment.")
         if verdict.seed_only_change(best_src, src):
             raise LoopError("this change only touches the random seed; a seed change can never be kept "
                             "(the runner picks seeds). Try a real change to the model or training.")
@@ -498,11 +502,16 @@ class Engine:
         sinks = sinks_for(self.ws.cfg)
         self.ledger.add_event(c["id"], "crash", {"experiment_id": row["id"], "status": row["status"],
                                                  "reason": row["reason"], "description": row["description"]}, sinks)
-        recent = self.ledger.experiments(c["id"], limit=self._crash_streak_len(), newest_first=True,
-                                         where="is_baseline=0")
-        n = self._crash_streak_len()
-        if len(recent) == n and all(r["status"] in ("crash", "timeout", "rejected") for r in recent):
-            self.ledger.add_event(c["id"], "crash_streak", {"count": n, "last_reason": row["reason"]}, sinks)
+        # one alert per streak, when it reaches the threshold, with the streak's real length
+        n, streak, first = self._crash_streak_len(), 0, row["id"]
+        for r in self.ledger.experiments(c["id"], limit=200, newest_first=True, where="is_baseline=0"):
+            if r["status"] not in ("crash", "timeout", "rejected"):
+                break
+            streak, first = streak + 1, r["id"]
+        if streak >= n and self.ledger.kv_get(f"crash_streak_alerted:{c['id']}") != str(first):
+            self.ledger.kv_set(f"crash_streak_alerted:{c['id']}", str(first))   # the streak's first crash
+            self.ledger.add_event(c["id"], "crash_streak", {"count": streak, "threshold": n,
+                                                            "last_reason": row["reason"]}, sinks)
 
     def _crash_streak_len(self) -> int:
         return self.ws.cfg.slack.crash_streak if self.ws.cfg.slack else 3
@@ -675,8 +684,12 @@ class Engine:
         b = self.budget(c)
         if b.should_stop and not self.ledger.kv_get(f"budget_spent_notified:{c['id']}"):
             self.ledger.kv_set(f"budget_spent_notified:{c['id']}", "1")
-            self.ledger.add_event(c["id"], "budget_spent", {"reasons": b.reasons, "tag": c["tag"],
-                                                            "best": self.best(c)[0]}, sinks_for(self.ws.cfg))
+            base = self.ledger.baseline_samples(c["id"])
+            end = {"reasons": b.reasons, "tag": c["tag"], "best": self.best(c)[0],
+                   "baseline": statistics.fmean(base) if base else None, **self.ledger.campaign_counts(c["id"])}
+            self.ledger.add_event(c["id"], "budget_spent", end, sinks_for(self.ws.cfg))
+            # the budget is what ends a campaign: announce its end (Jira closes the issue on it)
+            self.ledger.add_event(c["id"], "campaign_end", end, sinks_for(self.ws.cfg))
 
     def state(self, view: str = "summary", limit: int = 20) -> StateView:
         if view not in STATE_VIEWS:
