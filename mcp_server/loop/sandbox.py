@@ -1,0 +1,442 @@
+"""The OS boundary around code the loop runs: train.py and the frozen evaluator.
+
+Linux: bubblewrap (`bwrap`, Debian/Ubuntu package `bubblewrap`). The sandbox gets
+its own PID namespace (every descendant, double-forked daemons included, dies
+with the run), no network, no IPC or UTS sharing, a new session (no terminal
+injection), `/` read-only, a private /tmp, /run and $HOME (empty tmpfs), the
+workspace read-only, the loop's state directory invisible except the files that
+process may read, and one writable scratch directory.
+
+Mounts are built in this order (bwrap applies them in order, a later mount
+shadows an earlier one):
+  1. `/` read-only, a fresh /dev and /proc;
+  2. tmpfs over every masked path (/tmp, /var/tmp, /run, /home, $HOME, /root,
+     /mnt, /media, the state dir, the workspace);
+  3. read-only binds back of what must be seen: the Python installation (when
+     it lives under a masked path, e.g. ~/.pyenv), each top-level entry of the
+     workspace except the state dir (a symlink is recreated as a symlink, so it
+     resolves inside the sandbox, never to a hidden file), the data files;
+  4. the writable scratch directory.
+
+macOS: `sandbox-exec` with a profile that denies network and writes outside the
+scratch dir and the temp dir, and reads of the state dir (less strict than
+bubblewrap: no PID namespace; not exercised by CI).
+
+Limits from outside: RLIMIT_AS (address space) set in the child before exec
+(not under a visible GPU: CUDA reserves far more address space than it uses),
+RLIMIT_CORE 0; the wall clock is the runner's (it kills bwrap at the hard limit;
+`--die-with-parent` and the PID namespace take every descendant with it).
+
+Where no sandbox can be made the loop refuses to run unless the human passed
+`--unsafe-no-sandbox` (or set LOOPWRIGHT_UNSAFE_NO_SANDBOX=1), which is warned
+about loudly and recorded with every experiment.
+"""
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import resource
+import shutil
+import stat
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Literal, Mapping, Optional, Sequence
+
+UNSAFE_ENV = "LOOPWRIGHT_UNSAFE_NO_SANDBOX"
+MAX_MODEL_BYTES = 64 << 30   # a model file bigger than this is refused (disk-filling attack)
+
+UNSAFE_WARNING = (
+    "WARNING: --unsafe-no-sandbox: train.py and the evaluator run WITHOUT an OS sandbox. Code the agent "
+    "wrote can read the hidden validation/test data, rewrite the ledger, leave processes behind and use "
+    "the network; a kept result is not trustworthy. Every experiment of this run is marked sandbox=none.")
+
+INSTALL_HINT = (
+    "install bubblewrap (Debian/Ubuntu: `sudo apt-get install bubblewrap`; Fedora: `sudo dnf install "
+    "bubblewrap`; Arch: `sudo pacman -S bubblewrap`) and make sure unprivileged user namespaces are enabled "
+    "(`sysctl kernel.unprivileged_userns_clone=1`; Ubuntu 24.04+: `sysctl "
+    "kernel.apparmor_restrict_unprivileged_userns=0` or an AppArmor profile for bwrap); in a container, "
+    "run it with user namespaces allowed (e.g. docker --security-opt seccomp=unconfined). "
+    "Only if you accept that agent-written code can forge results, pass --unsafe-no-sandbox "
+    f"(or set {UNSAFE_ENV}=1).")
+
+
+class SandboxUnavailable(RuntimeError):
+    """No OS sandbox can be made here; the message says how to get one (or how to opt out)."""
+
+
+class UnsafeFile(RuntimeError):
+    """A file handed over by sandboxed code is not a plain file (FIFO, symlink, device, too big)."""
+
+
+Kind = Literal["bwrap", "sandbox-exec", "none"]
+
+
+@dataclass(frozen=True)
+class SandboxInfo:
+    kind: Kind
+    executable: Optional[str]
+    detail: str          # one line for `doctor` and error messages
+
+    @property
+    def available(self) -> bool:
+        return self.kind != "none"
+
+
+_CACHE: dict[str, SandboxInfo] = {}
+
+
+def _probe_bwrap(path: str) -> Optional[str]:
+    """None if bwrap can make the namespaces we use, else why not (its stderr)."""
+    try:
+        proc = subprocess.run([path, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+                               "--die-with-parent", "--new-session", "--ro-bind", "/", "/", "--dev", "/dev",
+                               "--proc", "/proc", "--tmpfs", "/tmp", "true"],
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return str(e)
+    return None if proc.returncode == 0 else (proc.stderr.strip() or f"exit {proc.returncode}")
+
+
+def detect(refresh: bool = False) -> SandboxInfo:
+    """What sandbox this machine can make (cached per process)."""
+    if not refresh and "info" in _CACHE:
+        return _CACHE["info"]
+    if sys.platform.startswith("linux"):
+        exe = shutil.which("bwrap")
+        if exe is None:
+            info = SandboxInfo("none", None, "bubblewrap (bwrap) is not installed")
+        else:
+            err = _probe_bwrap(exe)
+            info = (SandboxInfo("bwrap", exe, f"bubblewrap {exe}: PID/network/IPC namespaces, read-only system")
+                    if err is None else
+                    SandboxInfo("none", exe, f"bubblewrap is installed but cannot create namespaces here: {err}"))
+    elif sys.platform == "darwin":
+        exe = shutil.which("sandbox-exec") or ("/usr/bin/sandbox-exec" if os.path.exists("/usr/bin/sandbox-exec")
+                                               else None)
+        info = (SandboxInfo("sandbox-exec", exe, f"macOS sandbox-exec {exe}: no network, writes only to scratch")
+                if exe else SandboxInfo("none", None, "sandbox-exec not found"))
+    else:
+        info = SandboxInfo("none", None, f"no sandbox support on {sys.platform}")
+    _CACHE["info"] = info
+    return info
+
+
+def unsafe_requested() -> bool:
+    return os.environ.get(UNSAFE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def allow_unsafe(stream=None) -> None:
+    """The human's explicit opt-out (CLI --unsafe-no-sandbox): set for this process and its children
+    (a `run` starts agents whose MCP server runs the experiments), and say it loudly."""
+    os.environ[UNSAFE_ENV] = "1"
+    print(UNSAFE_WARNING, file=stream or sys.stderr, flush=True)
+
+
+def require(unsafe: Optional[bool] = None) -> SandboxInfo:
+    """The sandbox to use, or SandboxUnavailable. With the opt-out, a 'none' info when none exists
+    (a real sandbox is still used when one is available: the opt-out only permits running without)."""
+    info = detect()
+    if info.available:
+        return info
+    if unsafe if unsafe is not None else unsafe_requested():
+        return info
+    raise SandboxUnavailable(f"cannot sandbox train.py and the evaluator: {info.detail}. To fix: {INSTALL_HINT}")
+
+
+def mode_line(unsafe: Optional[bool] = None) -> tuple[bool, str]:
+    """(ok, one line) for `loopwright doctor`."""
+    info = detect()
+    if info.available:
+        return True, f"sandbox: {info.detail}"
+    if unsafe if unsafe is not None else unsafe_requested():
+        return False, f"sandbox: NONE ({info.detail}); running UNSAFE because {UNSAFE_ENV}=1 / --unsafe-no-sandbox"
+    return False, f"sandbox: unavailable ({info.detail}); experiments are refused"
+
+
+# ---------------------------------------------------------------------------
+# Paths
+
+def _real(p: os.PathLike | str) -> str:
+    return os.path.realpath(os.fspath(p))
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def python_paths() -> list[str]:
+    """Directories the Python interpreter and its libraries live in (re-exposed read-only when they
+    sit under a masked path such as ~/.pyenv or /tmp/venv)."""
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(_real(sys.executable))}
+    paths.update(v for k, v in sysconfig.get_paths().items() if k not in ("include", "platinclude", "scripts"))
+    paths.update(site_dirs())
+    real = sorted({_real(p) for p in paths if p and os.path.exists(p)})
+    return [p for p in real if not any(_under(p, q) and p != q for q in real)]   # outermost only
+
+
+def site_dirs() -> list[str]:
+    """site-packages directories the evaluator needs (torch, numpy and their dependencies)."""
+    import importlib.util
+
+    paths = [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
+    for mod in ("torch", "numpy"):
+        try:
+            spec = importlib.util.find_spec(mod)
+        except (ImportError, ValueError):
+            spec = None
+        if spec and spec.origin:
+            paths.append(str(Path(spec.origin).parent.parent))
+    out: list[str] = []
+    for p in paths:
+        if p not in out and os.path.isdir(p):
+            out.append(p)
+    return out
+
+
+def default_masks(home: Optional[str] = None) -> list[str]:
+    """Host paths nobody in the sandbox needs: temp dirs, runtime sockets (ssh-agent, docker, dbus are
+    Unix sockets, reachable without a network), every home directory."""
+    home = home or os.path.expanduser("~")
+    out = []
+    for p in ("/tmp", "/var/tmp", "/run", "/var/run", "/home", "/root", "/mnt", "/media", home):
+        if p and os.path.isdir(p) and not os.path.islink(p):
+            rp = _real(p)
+            if rp != "/" and rp not in out:
+                out.append(rp)
+    return out
+
+
+def gpu_devices() -> list[str]:
+    return sorted(p for p in glob.glob("/dev/nvidia*") + glob.glob("/dev/dri") + glob.glob("/dev/kfd")
+                  if os.path.exists(p))
+
+
+def gpu_visible(env: Mapping[str, str]) -> bool:
+    if not gpu_devices():
+        return False
+    for var in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"):
+        if var in env and env[var].strip() in ("", "-1"):
+            return False
+    return True
+
+
+# ---------------------------------------------------------------------------
+# Commands
+
+def build_command(argv: Sequence[str], *, mode: Literal["train", "eval"] = "train",
+                  ro_binds: Iterable[os.PathLike | str] = (),
+                  rw_binds: Iterable[os.PathLike | str] = (),
+                  scratch: Optional[os.PathLike | str] = None,
+                  files: Mapping[str, os.PathLike | str] | Iterable[tuple[str, str]] = (),
+                  workspace: Optional[os.PathLike | str] = None,
+                  hide: Iterable[os.PathLike | str] = (),
+                  env: Optional[Mapping[str, str]] = None,
+                  cwd: Optional[os.PathLike | str] = None,
+                  info: Optional[SandboxInfo] = None) -> list[str]:
+    """The sandboxed command line for `argv`.
+
+    workspace: exposed read-only, entry by entry, except the entries in `hide` below it (the state
+        dir when it lives there); `hide` paths elsewhere are masked with an empty tmpfs.
+    ro_binds / rw_binds: directories exposed read-only / writable at the same path.
+    scratch: the writable directory (created on the host if missing).
+    files: {destination in the sandbox: host source} bound read-only (e.g. train.bin where
+        prepare.py looks for it); the source must be a regular file.
+    mode: "train" may see GPUs; "eval" runs on the CPU only.
+    """
+    info = info or require()
+    if info.kind == "none":
+        return list(argv)
+    if info.kind == "sandbox-exec":
+        return _sandbox_exec_command(argv, ro_binds, rw_binds, scratch, files, workspace, hide, info)
+    assert info.executable
+    env = dict(env if env is not None else os.environ)
+    home = env.get("HOME") or os.path.expanduser("~")
+    hide_real = [_real(h) for h in hide]
+    ws_real = _real(workspace) if workspace else None
+    masks = default_masks(home) + [h for h in hide_real if os.path.isdir(h)]
+    if ws_real:
+        masks.append(ws_real)
+
+    # (depth, order, op): parents before children; at equal depth masks before binds.
+    ops: list[tuple[int, int, list[str]]] = []
+
+    def depth(p: str) -> int:
+        return len(Path(p).parts)
+
+    for m in dict.fromkeys(masks):
+        ops.append((depth(m), 0, ["--tmpfs", m]))
+    for p in python_paths() + [_real(p) for p in ro_binds]:
+        if any(_under(p, m) for m in masks) and not any(_under(p, h) for h in hide_real) and os.path.exists(p):
+            ops.append((depth(p), 1, ["--ro-bind", p, p]))
+    if ws_real:
+        for entry in sorted(os.listdir(ws_real)):
+            src = os.path.join(ws_real, entry)
+            if any(_under(h, src) and h != src and os.path.isdir(h) for h in hide_real):
+                continue  # a hidden path lies below this entry: expose nothing of it (the state dir)
+            if any(_under(src, h) for h in hide_real):
+                continue
+            if os.path.islink(src):
+                ops.append((depth(src), 1, ["--symlink", os.readlink(src), src]))
+            else:
+                ops.append((depth(src), 1, ["--ro-bind", src, src]))
+    writable = [_real(p) for p in rw_binds]
+    if scratch is not None:
+        Path(scratch).mkdir(parents=True, exist_ok=True)
+        writable.append(_real(scratch))
+    for p in writable:
+        ops.append((depth(p), 2, ["--bind", p, p]))
+    pairs = files.items() if isinstance(files, Mapping) else files
+    for dest, src in pairs:
+        src_real = _real(src)
+        if not os.path.isfile(src_real):
+            raise FileNotFoundError(f"{src} (to be shown in the sandbox at {dest}) is not a file")
+        ops.append((depth(os.fspath(dest)), 3, ["--ro-bind", src_real, os.path.abspath(os.fspath(dest))]))
+    if mode == "train" and gpu_visible(env):
+        for dev in gpu_devices():
+            ops.append((depth(dev), 4, ["--dev-bind", dev, dev]))
+
+    cmd = [info.executable, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+           "--unshare-cgroup-try", "--die-with-parent", "--new-session",
+           "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    for _, _, op in sorted(ops, key=lambda t: (t[0], t[1])):
+        cmd += op
+    if cwd is not None:
+        cmd += ["--chdir", _real(cwd)]
+    return cmd + ["--"] + list(argv)
+
+
+def _sb_quote(p: str) -> str:
+    return '"' + p.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _sandbox_exec_command(argv, ro_binds, rw_binds, scratch, files, workspace, hide, info) -> list[str]:
+    """macOS: a Seatbelt profile. Reads are allowed except the hidden paths (with the data files given
+    back); writes only to scratch, rw_binds and the temp dirs; no network."""
+    hide_real = [_real(h) for h in hide]
+    writable = [_real(p) for p in rw_binds] + ([_real(scratch)] if scratch is not None else [])
+    if scratch is not None:
+        Path(scratch).mkdir(parents=True, exist_ok=True)
+    pairs = files.items() if isinstance(files, Mapping) else files
+    lines = ["(version 1)", "(allow default)", "(deny network*)", "(allow network* (remote unix-socket))",
+             "(deny file-write*)",
+             '(allow file-write* (subpath "/dev") (subpath "/private/tmp") (subpath "/private/var/folders"))']
+    lines += [f"(allow file-write* (subpath {_sb_quote(p)}))" for p in writable]
+    lines += [f"(deny file-read* (subpath {_sb_quote(h)}))" for h in hide_real]
+    lines += [f"(allow file-read* (literal {_sb_quote(_real(src))}))" for _, src in pairs]
+    return [info.executable, "-p", "\n".join(lines), "--"] + list(argv)
+
+
+def limits(memory_bytes: Optional[int], gpu: bool = False) -> Callable[[], None]:
+    """preexec_fn for Popen: address-space and core-dump limits, inherited by bwrap and everything in it.
+    No RLIMIT_AS when a GPU is visible (CUDA maps far more virtual memory than it uses)."""
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if memory_bytes and not gpu:
+            resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+    return apply
+
+
+def default_memory_limit() -> Optional[int]:
+    """Physical memory + swap: a run may use the machine, but a runaway cannot push it into the OOM
+    killer's hands for the loop itself (its own allocations fail first)."""
+    try:
+        fields = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
+        kib = int(fields["MemTotal"].split()[0]) + int(fields.get("SwapTotal", "0 kB").split()[0])
+        return max(kib * 1024, 4 << 30)
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+# ---------------------------------------------------------------------------
+# The evaluator's private directory
+
+@dataclass
+class EvalDir:
+    path: Path
+    prepare: Path
+    model: Path
+    model_sha256: str
+    model_bytes: int
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def copy_regular_file(src: os.PathLike | str, dest: os.PathLike | str, max_bytes: int = MAX_MODEL_BYTES) -> tuple[str, int]:
+    """Copy a plain file written by sandboxed code; return (sha256, size).
+
+    Refuses a symlink (O_NOFOLLOW), a FIFO or device (fstat after an O_NONBLOCK open, which never
+    blocks on a FIFO without a writer) and files over max_bytes. Copying the bytes out means the
+    evaluator reads a file nobody else can change while it scores."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(src, flags)
+    except OSError as e:
+        if os.path.islink(src):
+            raise UnsafeFile(f"{src} is a symbolic link; the model must be a plain file written by "
+                             "prepare.export_model") from None
+        raise UnsafeFile(f"cannot open {src}: {e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = "FIFO" if stat.S_ISFIFO(st.st_mode) else "socket" if stat.S_ISSOCK(st.st_mode) else \
+                "device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "directory" \
+                if stat.S_ISDIR(st.st_mode) else "special file"
+            raise UnsafeFile(f"{src} is a {kind}, not a plain file; the model must be written by "
+                             "prepare.export_model")
+        if st.st_size > max_bytes:
+            raise UnsafeFile(f"{src} is {st.st_size} bytes, over the {max_bytes}-byte limit for a model")
+        h = hashlib.sha256()
+        total = 0
+        out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        try:
+            while True:
+                chunk = os.read(fd, 1 << 20)
+                if not chunk:
+                    break
+                total += len(chunk)
+                if total > max_bytes:
+                    raise UnsafeFile(f"{src} grew past the {max_bytes}-byte limit while being copied")
+                h.update(chunk)
+                os.write(out, chunk)
+        finally:
+            os.close(out)
+        return h.hexdigest(), total
+    finally:
+        os.close(fd)
+
+
+def make_eval_dir(files: Mapping[str, bytes], model_src: os.PathLike | str, base: Optional[str] = None) -> EvalDir:
+    """A fresh 0700 directory outside the workspace holding the pinned evaluator files and a hashed
+    private copy of the model. `files` maps names (prepare.py, loopwright.toml) to their pinned bytes."""
+    path = Path(tempfile.mkdtemp(prefix="loopwright-eval-", dir=base))
+    os.chmod(path, 0o700)
+    try:
+        for name, data in files.items():
+            if "/" in name or name.startswith("."):
+                raise ValueError(f"bad evaluator file name {name!r}")
+            fd = os.open(path / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+        (path / "data").mkdir(mode=0o700)   # mount point for the data files
+        model = path / "model.pt2"
+        digest, size = copy_regular_file(model_src, model)
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
+    return EvalDir(path, path / "prepare.py", model, digest, size)
+
+
+def eval_bootstrap(script: os.PathLike | str, argv: Sequence[str], site: Sequence[str]) -> str:
+    """Code for `python -I -S -c`: the interpreter's own library dirs first, the site-packages dirs
+    (torch, numpy) appended LAST, no .pth processing (-S), no cwd/script dir/PYTHONPATH/user site (-I):
+    a json.py or .pth planted in site-packages cannot shadow the stdlib or run at start-up."""
+    return ("import sys; sys.path[:] = [p for p in sys.path if p and p != '.'] + "
+            f"[p for p in {list(site)!r} if p not in sys.path]; "
+            f"sys.argv = {[os.fspath(script), *argv]!r}; "
+            "import runpy; runpy.run_path(sys.argv[0], run_name='__main__')")
