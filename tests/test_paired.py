@@ -1,0 +1,137 @@
+"""Paired (common-random-numbers) verdicts: the math on synthetic samples, and one real campaign.
+
+The synthetic model of a run is val = base + seed_effect[seed] + change_effect + small noise: the seed
+effect is large (as measured on the bundled benchmark) and cancels in the paired difference.
+"""
+from __future__ import annotations
+
+import random
+import statistics
+
+import pytest
+
+from conftest import hobbled_bench, make_workspace, set_constant
+from mcp_server.loop import verdict
+from mcp_server.loop.config import NoiseConfig
+
+NOISE = NoiseConfig(baseline_seeds=2, k_sigma=2.0, min_delta=0.002, sigma_floor=0.0005, sigma_prior=0.02,
+                    prior_pairs=3, retest_band=0.5, max_confirms=2)
+
+
+def _runs(seeds, effect, rng, seed_sd=0.2, pair_sd=0.01):
+    # seed effect shared by every version on that seed; the pair noise is per run
+    seed_effect = {s: random.Random(s).gauss(0, seed_sd) for s in seeds}
+    return [3.5 + seed_effect[s] + effect + rng.gauss(0, pair_sd / 2 ** 0.5) for s in seeds]
+
+
+def test_true_gain_of_0_03_is_kept_with_two_pairs_at_sigma_d_0_01():
+    rng = random.Random(1)
+    kept = 0
+    for trial in range(200):
+        seeds = [1000 + 2 * trial, 1001 + 2 * trial]
+        ref, cand = _runs(seeds, 0.0, rng), _runs(seeds, -0.03, rng)
+        d = [c - r for c, r in zip(cand, ref)]
+        kept += verdict.decide(d, 0.01, NOISE, n_planned=2).kind == "keep"
+    # bar = 2 * 0.01 / sqrt(2) = 0.0141; a 0.03 effect clears it almost always, despite a seed SD of 0.2
+    assert kept >= 195
+    # unpaired, the same runs would face the seed spread: sd of a difference of 2-run means ~0.2
+    assert verdict.bar(0.2, NOISE, 2) > 0.2
+
+
+def test_identical_change_shifted_to_luckier_seeds_is_not_kept():
+    rng = random.Random(2)
+    seeds_ref, seeds_lucky = [1, 2], [7, 8]
+    ref = _runs(seeds_ref, 0.0, rng, pair_sd=0.0)
+    # the same code on other seeds: an unpaired comparison would see a 'gain' from the seeds alone
+    lucky = _runs(seeds_lucky, 0.0, rng, pair_sd=0.0)
+    assert abs(statistics.fmean(ref) - statistics.fmean(lucky)) > 0.01
+    # paired on the reference's own seeds the identical code gives d = 0 exactly
+    same = _runs(seeds_ref, 0.0, rng, pair_sd=0.0)
+    d = [c - r for c, r in zip(same, ref)]
+    v = verdict.decide(d, 0.01, NOISE, n_planned=2)
+    assert v.kind == "discard" and v.gain == pytest.approx(0.0, abs=1e-12)
+    # and a seed-only source edit is refused before it runs
+    old = "SEED = 0\nLR = 0.01\n"
+    assert verdict.seed_only_change(old, "SEED = 7\nLR = 0.01\n")
+
+
+def test_early_stop_on_a_clearly_worse_first_pair_only():
+    v = verdict.decide([+0.05], 0.01, NOISE, n_planned=2)
+    assert v.kind == "discard" and v.early_stop
+    assert verdict.clearly_worse(0.05, 0.01, NOISE) and not verdict.clearly_worse(0.015, 0.01, NOISE)
+    # a first pair that is worse, but not clearly: not an early stop (the other seeds must run)
+    assert not verdict.decide([+0.015], 0.01, NOISE, n_planned=2).early_stop
+    # with the whole seed set run, a bad mean is an ordinary discard
+    v = verdict.decide([+0.05, +0.04], 0.01, NOISE, n_planned=2)
+    assert v.kind == "discard" and not v.early_stop
+
+
+def test_retest_band_and_confirm_limit():
+    bar2 = verdict.bar(0.01, NOISE, 2)                      # 0.01414
+    assert verdict.decide([-bar2 * 0.7] * 2, 0.01, NOISE, 2).kind == "retest"
+    assert verdict.decide([-bar2 * 0.7] * 2, 0.01, NOISE, 2, n_confirms=2).kind == "discard"
+    assert verdict.decide([-bar2 * 0.3] * 2, 0.01, NOISE, 2).kind == "discard"
+    assert verdict.decide([-bar2 * 1.01] * 2, 0.01, NOISE, 2).kind == "keep"
+    # a third pair (the confirm) lowers the bar: the same mean gain can now be kept
+    bar3 = verdict.bar(0.01, NOISE, 3)
+    assert bar3 < bar2
+    assert verdict.decide([-bar2 * 0.9] * 3, 0.01, NOISE, 2, n_confirms=1).kind == "keep"
+
+
+def test_sigma_prior_dominates_with_few_pairs_and_data_takes_over():
+    s0, dof0 = verdict.pooled_sigma([], NOISE)
+    assert s0 == pytest.approx(0.02) and dof0 == 0
+    # one comparison of 2 pairs, d = -0.05 and -0.05: zero spread (1 dof) pulls sigma only part way down
+    s1, dof1 = verdict.pooled_sigma([[-0.05, -0.05]], NOISE)
+    assert dof1 == 1 and s1 == pytest.approx((3 * 0.02 ** 2 / 4) ** 0.5)
+    # a real effect does not inflate sigma: deviations are taken around each comparison's own mean
+    rng = random.Random(3)
+    groups = [[eff + rng.gauss(0, 0.005) for _ in range(3)] for eff in (-0.1, 0.0, 0.2) * 20]
+    s, dof = verdict.pooled_sigma(groups, NOISE)
+    assert dof == 120 and 0.004 < s < 0.0075
+    # the floor holds however consistent the pairs are
+    floor = NoiseConfig(sigma_prior=0.0, prior_pairs=0, sigma_floor=0.003)
+    assert verdict.pooled_sigma([[0.01, 0.01]], floor)[0] == 0.003
+    # the MDE shrinks with more pairs and sits above the bar (80 % power)
+    assert verdict.mde(0.01, NOISE, 4) < verdict.mde(0.01, NOISE, 2)
+    assert verdict.mde(0.01, NOISE, 2) > verdict.bar(0.01, NOISE, 2)
+
+
+@pytest.mark.slow
+def test_campaign_runs_candidates_on_the_references_seeds(tmp_path, small_corpus):
+    from mcp_server.loop.engine import Engine
+
+    bench = hobbled_bench(tmp_path / "bench", lr="0.0002", max_steps=12)
+    ws = make_workspace(tmp_path / "ws", small_corpus, bench_dir=bench,
+                        noise={"baseline_seeds": 2, "rotate_every": 0})
+    train = ws.root / "train.py"
+    with Engine(ws.root) as eng:
+        base = eng.run_experiment("baseline")
+        c = eng.campaign
+        base_rows = eng.ledger.experiments(c["id"], where="is_baseline=1")
+        base_seeds = sorted(r["seed"] for r in base_rows)
+        assert base.baseline and base.baseline.seeds == base_seeds and len(base_seeds) == 2
+        # a real improvement: the normal learning rate
+        set_constant(train, "LR", "0.004")
+        res = eng.run_experiment("normal learning rate")
+        assert res.status == "ok" and len(res.pairs) == 2
+        runs = [eng.ledger.experiment(res.experiment_id)] + eng.ledger.confirm_runs(res.experiment_id)
+        assert sorted(r["seed"] for r in runs) == base_seeds          # the same seeds
+        by_seed = {r["seed"]: r for r in base_rows}
+        for r in runs:                                                # each paired with that seed's baseline run
+            assert r["paired_with"] == by_seed[r["seed"]]["id"]
+            assert r["role"] in ("candidate", "pair")
+        sc = eng.score(res.experiment_id)
+        assert sc.verdict == "keep", sc
+        assert sc.gain == pytest.approx(-statistics.fmean(p.d for p in sc.pairs))
+        # a clearly worse change stops after its first pair, paired with the kept version's run
+        set_constant(train, "LR", "0.0000001")
+        bad = eng.run_experiment("tiny learning rate")
+        assert bad.early_stopped and len(bad.pairs) == 1 and not eng.ledger.confirm_runs(bad.experiment_id)
+        row = eng.ledger.experiment(bad.experiment_id)
+        assert eng.ledger.experiment(row["paired_with"])["commit_sha"] == eng.campaign["best_commit"]
+        sc = eng.score(bad.experiment_id)
+        assert sc.verdict == "discard" and sc.early_stop
+        # the budget and the noise view speak in effect sizes
+        b, nz = eng.budget(), eng.noise(eng.campaign)
+        assert b.mde and b.mde == pytest.approx(nz.mde, abs=1e-6) and nz.paired_dof >= 1
