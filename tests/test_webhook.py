@@ -11,7 +11,7 @@ from starlette.testclient import TestClient
 from mcp_server.loop.config import LoopwrightConfig, WebhookConfig
 from mcp_server.ledger.store import Ledger
 from mcp_server.triggers.common import SESSION_LOCK, SessionLock
-from mcp_server.triggers.webhook import (STOP_KEY, create_app, generic_signature, github_signature,
+from mcp_server.triggers.webhook import (create_app, generic_signature, github_signature,
                                          slack_signature)
 
 SECRETS = {"LOOPWRIGHT_GITHUB_SECRET": "gh-secret", "SLACK_SIGNING_SECRET": "slack-secret",
@@ -128,7 +128,7 @@ def test_github_comment_commands_only_from_collaborators(env):
     started(env, 1)
     stop = comment("/loopwright stop enough for today", "OWNER")
     assert gh(env.client, stop, event="issue_comment", delivery="c-2").status_code == 202
-    assert env.ledger.kv_get(STOP_KEY) == "enough for today"
+    assert env.ledger.stop_request() == "enough for today"
 
 
 def test_missing_secret_disables_the_endpoint(env):
@@ -187,7 +187,7 @@ def test_slack_slash_command_start_status_stop(env):
     assert slack_post(env.client, "status").json()["text"] == "campaign main: 7 experiments"
     r = slack_post(env.client, "stop+too+slow")
     assert "Stop requested" in r.json()["text"]
-    assert env.ledger.kv_get(STOP_KEY) == "too slow"
+    assert env.ledger.stop_request() == "too slow"
     assert "usage" in slack_post(env.client, "dance").json()["text"]
 
 
@@ -245,7 +245,7 @@ def test_generic_hook(env):
     r = hook_post(env.client, {"action": "status"}, delivery="h-2")
     assert r.json()["text"] == "campaign main: 7 experiments"
     assert hook_post(env.client, {"action": "stop", "reason": "r"}, delivery="h-3").status_code == 202
-    assert env.ledger.kv_get(STOP_KEY) == "r"
+    assert env.ledger.stop_request() == "r"
     assert hook_post(env.client, {"action": "explode"}, delivery="h-4").status_code == 400
     started(env, 1)
 

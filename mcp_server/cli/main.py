@@ -68,7 +68,7 @@ def cmd_status(args) -> int:
 
     with _engine(args) as eng:
         s, b = eng.summary(), eng.budget()
-        rows = eng.ledger.experiments(eng.campaign["id"], limit=args.limit, newest_first=True)
+        rows = eng.recent_experiments(args.limit)
         if args.json:
             print(json.dumps({"summary": s.model_dump(), "budget": b.model_dump(),
                               "recent": [{k: r[k] for k in ("id", "description", "status", "verdict", "val_bpb")}
@@ -121,10 +121,10 @@ def cmd_budget(args) -> int:
 def cmd_stop(args) -> int:
     with _engine(args) as eng:
         if args.clear:
-            eng.ledger.conn.execute("DELETE FROM kv WHERE key='stop_requested'")
+            eng.clear_stop_request()
             print("stop request cleared")
         else:
-            eng.ledger.kv_set("stop_requested", args.reason)
+            eng.request_stop(args.reason)
             print(f"stop requested: {args.reason} (clear with `loopwright stop --clear`)")
     return 0
 

@@ -16,6 +16,7 @@ from typing import Any, Iterable, Iterator, Optional
 
 EXPERIMENT_STATUSES = ("running", "ok", "crash", "timeout", "rejected", "interrupted")
 VERDICTS = ("baseline", "keep", "discard", "retest", "pending_approval")
+STOP_KEY = "stop_requested"      # kv key of the person's stop request (one home: Ledger.request_stop)
 
 MIGRATIONS: list = [
     # 1: the initial schema
@@ -802,3 +803,14 @@ class Ledger:
         with self.tx() as c:
             c.execute("INSERT INTO kv(key, value) VALUES (?,?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
                       (key, value))
+
+    # -- the person's stop request (`loopwright stop`, a webhook): honoured at the next budget check
+    def stop_request(self) -> Optional[str]:
+        return self.kv_get(STOP_KEY)
+
+    def request_stop(self, reason: str) -> None:
+        self.kv_set(STOP_KEY, reason)
+
+    def clear_stop_request(self) -> None:
+        with self.tx() as c:
+            c.execute("DELETE FROM kv WHERE key=?", (STOP_KEY,))

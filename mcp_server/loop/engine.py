@@ -663,7 +663,7 @@ class Engine:
         c = c or self.campaign
         best, _ = self.best(c)
         st = budgetmod.check(self.ledger, c["id"], self.ws.cfg.budget, best)
-        stop = self.ledger.kv_get("stop_requested")
+        stop = self.ledger.stop_request()
         reasons = list(st.reasons) + ([f"stop requested: {stop}"] if stop else [])
         should_stop = bool(reasons)
         nxt = ("Stop now: the budget is spent. Summarise what you learned with note()." if should_stop else
@@ -677,6 +677,17 @@ class Engine:
         return BudgetResult(**{**st.model_dump(), "reasons": reasons, "should_stop": should_stop},
                             stop_requested=stop, sigma_paired=round(sd, 6), keep_threshold=round(bar, 6),
                             mde=round(mde, 6), runs_per_experiment=noise.baseline_seeds, next_step=nxt)
+
+    def request_stop(self, reason: str) -> None:
+        """Ask the loop to stop: the next budget check says should_stop, with this reason."""
+        self.ledger.request_stop(reason)
+
+    def clear_stop_request(self) -> None:
+        self.ledger.clear_stop_request()
+
+    def recent_experiments(self, limit: int = 10) -> list[dict]:
+        """The campaign's latest experiments, newest first."""
+        return self.ledger.experiments(self.campaign["id"], limit=limit, newest_first=True)
 
     def _record_if_budget_spent(self, c: dict) -> None:
         """After a write (a run recorded, a verdict given): the first time the budget is spent, record the

@@ -18,7 +18,7 @@ delivery id is forgotten, so the sender's redelivery can start it later.
 Duplicate delivery ids get 200 {"status": "duplicate"} and do nothing; seen ids
 are kept for 30 days in .loopwright/webhook.db, so a restart does not forget them.
 
-A stop request is `ledger.kv_set("stop_requested", reason)`: the loop honours it
+A stop request is `ledger.request_stop(reason)`: the loop honours it
 at its next budget check.
 """
 from __future__ import annotations
@@ -45,7 +45,6 @@ from mcp_server.triggers.common import SESSION_LOCK, SessionLock, launch
 
 log = logging.getLogger("loopwright.webhook")
 
-STOP_KEY = "stop_requested"
 SEEN_TTL_S = 30 * 86400
 TRUSTED_GITHUB_ROLES = {"OWNER", "MEMBER", "COLLABORATOR"}
 StartSession = Callable[[str], None]   # (trigger_detail) -> None; blocks until the session ends
@@ -164,7 +163,7 @@ def _default_status(ledger) -> str:
     if c is None:
         return "no campaign yet"
     n = ledger.count_experiments(c["id"])
-    stop = ledger.kv_get(STOP_KEY)
+    stop = ledger.stop_request()
     return (f"campaign {c['tag']} ({c['status']}): {n} experiments, best commit {str(c['best_commit'])[:12]}"
             + (f"; stop requested: {stop}" if stop else ""))
 
@@ -235,7 +234,7 @@ def create_app(root_or_cfg, start_session: Optional[StartSession] = None, ledger
             if ledger is None:
                 seen.forget(source, delivery_id)
                 raise Reject(503, "no ledger to record the stop request in")
-            ledger.kv_set(STOP_KEY, text)
+            ledger.request_stop(text)
             log.info("stop requested: %s", text)
             return "stop requested"
         if not runner.try_start(text):
