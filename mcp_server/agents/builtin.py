@@ -382,7 +382,9 @@ def server_params(workspace: Path):
     from mcp.client.stdio import get_default_environment
 
     env = get_default_environment()
-    pkg_parent = str(Path(__file__).resolve().parent.parent)   # importable from a source checkout too
+    # the directory holding the mcp_server package (agents/builtin.py is two levels down), so a source checkout
+    # imports too; never mcp_server/ itself, whose mcp/ subpackage would shadow the MCP SDK
+    pkg_parent = str(Path(__file__).resolve().parent.parent.parent)
     env["PYTHONPATH"] = os.pathsep.join([pkg_parent] + ([os.environ["PYTHONPATH"]]
                                                          if os.environ.get("PYTHONPATH") else []))
     return StdioServerParameters(command=sys.executable,
