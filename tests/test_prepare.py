@@ -441,14 +441,3 @@ def test_export_path_defaults_to_the_runner_variable(prep, tmp_path, monkeypatch
     target = tmp_path / "runs" / "7" / "model.pt2"
     monkeypatch.setenv("LOOPWRIGHT_EXPORT_PATH", str(target))
     assert Path(prep.export_model(Zeros())) == target and target.is_file()
-
-
-def test_holdout_is_carved_from_train_and_never_trained_on(prep):
-    """train.py's quick eval uses the end of the train split (val is invisible to it in the sandbox)."""
-    full = prep._tokens("train")
-    loader = prep.make_dataloader("train", batch_size=4, seed=0)
-    train, holdout = prep._train_and_holdout()
-    assert len(holdout) > 0 and len(train) + len(holdout) == len(full)
-    assert len(loader.tokens) == len(train)      # no window can reach into the holdout
-    assert (full[len(train):] == holdout).all()
-    assert 2.0 < prep.evaluate_bpb(Bigram(seed=3), max_tokens=1024) < 20.0   # default split: holdout

@@ -74,8 +74,6 @@ STDLIB_SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__", "test", "te
                     "encodings", "pydoc_data"}  # tests/codec tables are not prose-like code; topics added separately
 TEXT_PIECE_BYTES = 16_384   # a single text file is cut into documents of about this size (at line ends)
 BPE_VOCAB_SIZE = 8192       # including the separator token
-HOLDOUT_TOKENS = 65536      # the end of the train split, never trained on: train.py's quick eval
-                            # (val and test are not even visible to train.py in the sandbox)
 CAUSAL_ATOL = 1e-4          # max change of an earlier logit allowed when later tokens change
                             # (leaks below it can gain at most ~2*atol/ln2 bits per token)
 TINYSTORIES_URL = "https://huggingface.co/datasets/roneneldan/TinyStories/resolve/main/TinyStoriesV2-GPT4-valid.txt"
@@ -410,13 +408,6 @@ def _tokens(split, data_dir=None):
     return np.fromfile(os.path.join(data_dir or DATA_DIR, f"{split}.bin"), dtype="<u2")
 
 
-def _train_and_holdout(data_dir=None):
-    """The train split cut in two: what the dataloader draws from, and the holdout at its end."""
-    tokens = _tokens("train", data_dir)
-    n = min(HOLDOUT_TOKENS, len(tokens) // 10)
-    return tokens[:len(tokens) - n], tokens[len(tokens) - n:]
-
-
 def _token_bytes(meta, data_dir):
     """Exact UTF-8 byte length per token id (0 = separator, excluded from both sums).
 
@@ -451,7 +442,7 @@ class Dataloader:
         if meta["vocab_size"] != VOCAB_SIZE:
             raise DataError(f"data in {data_dir} has vocab {meta['vocab_size']} but TOKENIZER={TOKENIZER!r} "
                             f"implies {VOCAB_SIZE}; re-run prepare")
-        self.tokens = _train_and_holdout(data_dir)[0]
+        self.tokens = _tokens(split, data_dir)
         self.seq_len = seq_len or SEQ_LEN
         if len(self.tokens) < self.seq_len + 2:
             raise DataError(f"train split has only {len(self.tokens)} tokens")
@@ -553,22 +544,15 @@ def bpb_sums(forward_fn, tokens, token_bytes, max_tokens, batch_size=B_EVAL, dev
     return nats, nbytes, n_windows * SEQ_LEN
 
 
-def evaluate_bpb(forward_fn, split="holdout", max_tokens=None, batch_size=B_EVAL, device="cpu", data_dir=None):
+def evaluate_bpb(forward_fn, split="val", max_tokens=None, batch_size=B_EVAL, device="cpu", data_dir=None):
     """Bits per byte of forward_fn (x int64 (B, T) on `device` -> logits) on
-    the holdout (the end of the train split, never trained on). For train.py's
-    quick look; the score comes from the evaluate CLI on the exported graph.
-    split="val" works only where val.bin is readable (not inside the sandbox)."""
-    if split not in ("holdout", "val"):
-        raise ValueError("train.py may evaluate on split='holdout' (test is hidden, val is hidden in the sandbox)")
+    the val split. For train.py's quick look; the score comes from the
+    evaluate CLI on the exported graph."""
+    if split != "val":
+        raise ValueError("only the val split is available to train.py (test is hidden)")
     data_dir = data_dir or DATA_DIR
     meta = load_meta(data_dir)
-    if split == "holdout":
-        tokens = _train_and_holdout(data_dir)[1]
-    elif not os.access(os.path.join(data_dir, "val.bin"), os.R_OK):
-        raise DataError("val.bin is not visible to train.py (it decides the score); use split='holdout'")
-    else:
-        tokens = _tokens("val", data_dir)
-    nats, nbytes, _ = bpb_sums(forward_fn, tokens, _token_bytes(meta, data_dir),
+    nats, nbytes, _ = bpb_sums(forward_fn, _tokens(split, data_dir), _token_bytes(meta, data_dir),
                                max_tokens or EVAL_TOKENS, batch_size, device)
     return nats / (math.log(2) * nbytes)
 

@@ -56,7 +56,7 @@ COMPILE_ON_CUDA = True  # torch.compile the training model on CUDA (unreliable o
 MAX_STEPS = 0           # 0 = train until the time budget; > 0 = stop after that many steps and
                         # schedule the LR by step count (reproducible runs: the step count then
                         # does not depend on the wall clock)
-QUICK_EVAL_TOKENS = 8192  # holdout tokens (end of train) for the holdout_bpb printed here (the score is val_bpb)
+QUICK_EVAL_TOKENS = 8192  # val tokens for the val_bpb printed here (the score uses prepare.EVAL_TOKENS)
 PRINT_EVERY_S = 1.0     # seconds between progress lines
 
 
@@ -301,7 +301,7 @@ def main():
 
     model.eval()
     with torch.no_grad(), autocast:
-        holdout_bpb = prepare.evaluate_bpb(model, "holdout", max_tokens=QUICK_EVAL_TOKENS, device=device)
+        val_bpb = prepare.evaluate_bpb(model, "val", max_tokens=QUICK_EVAL_TOKENS, device=device)
     peak_mem = (torch.cuda.max_memory_allocated() / 2 ** 20 if device == "cuda"
                 else _max_rss_mb())
     peak, _ = prepare.peak_flops(device)
@@ -310,7 +310,7 @@ def main():
     total_seconds = time.time() - _t_start
 
     print("---")
-    print(f"holdout_bpb:      {holdout_bpb:.6f}")
+    print(f"val_bpb:          {val_bpb:.6f}")
     print(f"training_seconds: {training_seconds:.1f}")
     print(f"total_seconds:    {total_seconds:.1f}")
     print(f"{'peak_vram_mb' if device == 'cuda' else 'peak_memory_mb'}:   {peak_mem:.1f}")
