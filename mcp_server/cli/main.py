@@ -222,6 +222,9 @@ def _add_extension_parsers(sub, ws_arg) -> None:
     from mcp_server.cli import commands as cli_ext
 
     cli_ext.register(sub, ws_arg, command)
+    from mcp_server.cli import replay as cli_replay   # self-contained: `loopwright replay`
+
+    cli_replay.register(sub, ws_arg, command)
 
 
 def main(argv: Optional[list[str]] = None) -> int:

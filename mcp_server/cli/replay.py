@@ -1,0 +1,47 @@
+"""`loopwright replay [--keeps] [--seeds N]`: re-run each kept change against its parent on fresh seeds.
+
+Self-contained: `register(sub, ws_arg, command)` adds the sub-command (see loop/replay.py for the rule).
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+
+def register(sub, ws_arg, command) -> None:
+    sp = ws_arg(sub.add_parser("replay", help="re-run each kept change against its parent on fresh seeds, "
+                                              "interleaved, and say whether it holds"))
+    sp.add_argument("--keeps", action="store_true", default=True,
+                    help="replay the kept experiments (the default and, for now, the only choice)")
+    sp.add_argument("--seeds", type=int, default=3, help="fresh seeds per keep (default 3)")
+    sp.add_argument("--json", action="store_true", help="print the result as JSON")
+
+    @command("replay")
+    def cmd_replay(args) -> int:
+        from mcp_server.loop.engine import Engine
+        from mcp_server.loop.replay import replay
+
+        if args.seeds < 1:
+            print("loopwright replay: --seeds must be at least 1", file=sys.stderr)
+            return 2
+        with Engine(args.workspace, recover=False) as eng:
+            res = replay(eng, seeds=args.seeds, on_run=None if args.json else
+                         (lambda s: print(s, file=sys.stderr, flush=True)))
+        if args.json:
+            print(json.dumps(res.model_dump(), indent=2))
+            return 0 if res.all_hold else 1
+        print(format_result(res))
+        return 0 if res.all_hold else 1
+
+
+def format_result(res) -> str:
+    lines = [f"replay {res.replay}: {len(res.keeps)} keep(s) x {res.seeds_per_keep} fresh seed(s), "
+             f"{res.runs} runs in {res.seconds:.0f} s (not counted in the campaign budget)"]
+    for k in res.keeps:
+        ds = ", ".join("—" if p.d is None else f"{-p.d:+.4f}" for p in k.pairs)
+        iv = "" if k.interval is None else f", 95% interval [{k.interval[0]:+.4f}, {k.interval[1]:+.4f}]"
+        gain = "—" if k.gain is None else f"{k.gain:+.4f}"
+        lines.append(f"  #{k.experiment_id} {k.description}: {k.outcome.upper()} — paired gain {gain} "
+                     f"(per seed {ds}; {k.wins}/{len(k.pairs)} positive{iv})")
+    lines.append("every keep holds" if res.all_hold else "NOT every keep holds")
+    return "\n".join(lines)
