@@ -192,8 +192,10 @@ class DemoResult:
 def demo_overrides(n: int) -> dict:
     return {"benchmark": {"eval_tokens": DEMO_EVAL_TOKENS, "grace_seconds": 45.0},
             "noise": {"baseline_seeds": DEMO_BASELINE_SEEDS},
-            # room for the baseline seeds and a confirm run per experiment, and no more
-            "budget": {"max_experiments": DEMO_BASELINE_SEEDS + 2 * n, "max_hours": 1.0}}
+            # runs, not experiments: the baseline seeds, each candidate on the seed set, a confirm pair
+            # (candidate + reference) per experiment, and a re-measure of the best per seed set
+            "budget": {"max_experiments": 3 * DEMO_BASELINE_SEEDS + (DEMO_BASELINE_SEEDS + 2) * n,
+                       "max_hours": 1.0}}
 
 
 def run_demo(directory: Optional[Path | str] = None, time_budget: float = DEMO_TIME_BUDGET,
