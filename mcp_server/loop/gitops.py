@@ -4,18 +4,65 @@ The loop owns git: each experiment is one commit on the campaign branch that
 touches only editable paths; keep leaves the branch there, discard resets it
 to the best commit. Replace refs are ignored so `git replace` cannot swap the
 pinned evaluator's blobs.
+
+Hardened: the workspace (its .git included) is the agent's, so nothing in it may
+make the loop's git calls run a program. Every git process gets SAFE_ENV: no
+global/system config (GIT_CONFIG_GLOBAL=/dev/null, GIT_CONFIG_NOSYSTEM), and, as
+command-line config (GIT_CONFIG_COUNT, which beats .git/config), hooks pointed at
+/dev/null, fsmonitor off, no external diff/textconv, pager `cat`, no credential
+helper or ssh command, no prompts. GitPython's own commit runs no hooks
+(skip_hooks). What .git/config and .git/hooks may contain is checked by
+integrity.py (git_config_problems / git_hook_problems below).
 """
 from __future__ import annotations
 
 import fnmatch
 import hashlib
 import os
+import re
+import subprocess
 from pathlib import Path
 from typing import Iterable, Optional
 
 import git
 
 os.environ.setdefault("GIT_NO_REPLACE_OBJECTS", "1")
+
+# Command-line config for every git the loop runs (outranks .git/config; git >= 2.31).
+_SAFE_CONFIG = (
+    ("core.hooksPath", "/dev/null"), ("core.fsmonitor", "false"), ("core.untrackedCache", "false"),
+    ("core.pager", "cat"), ("core.editor", ":"), ("core.askPass", ""), ("core.sshCommand", "false"),
+    ("core.attributesFile", "/dev/null"), ("diff.noprefix", "false"),
+    ("credential.helper", ""), ("protocol.allow", "never"), ("protocol.file.allow", "always"),
+    ("gc.auto", "0"), ("maintenance.auto", "false"), ("commit.gpgSign", "false"), ("tag.gpgSign", "false"),
+)
+SAFE_ENV: dict[str, Optional[str]] = {
+    "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1", "GIT_TERMINAL_PROMPT": "0",
+    "GIT_PAGER": "cat", "PAGER": "cat", "GIT_EDITOR": ":", "GIT_ASKPASS": "", "SSH_ASKPASS": "",
+    "GIT_NO_REPLACE_OBJECTS": "1", "GIT_OPTIONAL_LOCKS": "0",
+    # unset: anything in the loop's environment that would make git run a program or look elsewhere
+    "GIT_EXTERNAL_DIFF": None, "GIT_SSH": None, "GIT_SSH_COMMAND": None, "GIT_PROXY_COMMAND": None,
+    "GIT_EXEC_PATH": None, "GIT_TEMPLATE_DIR": None, "GIT_DIR": None, "GIT_WORK_TREE": None,
+    "GIT_INDEX_FILE": None, "GIT_OBJECT_DIRECTORY": None, "GIT_ALTERNATE_OBJECT_DIRECTORIES": None,
+    "GIT_CONFIG": None, "GIT_CONFIG_PARAMETERS": None, "GIT_TRACE": None,
+    "GIT_CONFIG_COUNT": str(len(_SAFE_CONFIG)),
+    **{f"GIT_CONFIG_KEY_{i}": k for i, (k, _) in enumerate(_SAFE_CONFIG)},
+    **{f"GIT_CONFIG_VALUE_{i}": v for i, (_, v) in enumerate(_SAFE_CONFIG)},
+}
+# Flags for git commands that could print a patch (external diff and textconv run programs).
+SAFE_DIFF_FLAGS = ("--no-ext-diff", "--no-textconv", "--no-color")
+
+
+def safe_env(base: Optional[dict] = None) -> dict[str, str]:
+    """`base` (default os.environ) with SAFE_ENV applied: for a git subprocess started directly."""
+    env = dict(os.environ if base is None else base)
+    for k, v in SAFE_ENV.items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
+    return env
+
 
 AUTHOR = git.Actor("loopwright", "loopwright@localhost")
 
@@ -24,8 +71,30 @@ class GitError(RuntimeError):
     pass
 
 
+_DRIVER_KEY = re.compile(r"^(filter|diff|merge)\.(.+)\.(clean|smudge|process|textconv|command|driver)$", re.I)
+
+
+def _driver_overrides(root: Path | str) -> dict[str, str]:
+    """Command-line config that blanks every filter/diff/merge driver the repository's config defines:
+    a `.gitattributes` naming one (`* filter=x`) would otherwise run its command on add/status/checkout,
+    and no single setting turns drivers off. `git config --list` only reads (includes too)."""
+    cfg = Path(root) / ".git" / "config"
+    if not cfg.is_file():
+        return {}
+    proc = subprocess.run(["git", "config", "--file", str(cfg), "--includes", "--name-only", "--list"],
+                          env=safe_env(), capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    keys = sorted({k for k in proc.stdout.splitlines() if _DRIVER_KEY.match(k)})
+    n = len(_SAFE_CONFIG)
+    out = {"GIT_CONFIG_COUNT": str(n + len(keys))}
+    for i, k in enumerate(keys, start=n):
+        out[f"GIT_CONFIG_KEY_{i}"], out[f"GIT_CONFIG_VALUE_{i}"] = k, ""
+    return out
+
+
 def repo(root: Path | str) -> git.Repo:
-    return git.Repo(str(root))
+    r = git.Repo(str(root))
+    r.git.update_environment(**{**SAFE_ENV, **_driver_overrides(root)})   # None unsets
+    return r
 
 
 def campaign_branch(tag: str) -> str:
@@ -42,13 +111,17 @@ def file_sha256(path: Path | str) -> str:
 
 def init_repo_and_pin(root: Path, message: str) -> str:
     """git init (if needed), commit everything not ignored, return the commit sha."""
-    r = git.Repo.init(str(root)) if not (root / ".git").exists() else repo(root)
+    if not (root / ".git").exists():
+        # an empty template: no sample hooks, nothing from a template dir named in someone's config
+        subprocess.run(["git", "init", "-q", "--template=", str(root)], env=safe_env(), check=True,
+                       stdin=subprocess.DEVNULL, capture_output=True)
+    r = repo(root)
     with r.config_writer() as cw:  # commits must work on machines with no global identity
-        if not r.config_reader().has_option("user", "name"):
+        if not r.config_reader("repository").has_option("user", "name"):
             cw.set_value("user", "name", "loopwright")
             cw.set_value("user", "email", "loopwright@localhost")
     r.git.add(A=True)
-    r.index.commit(message, author=AUTHOR, committer=AUTHOR)
+    r.index.commit(message, author=AUTHOR, committer=AUTHOR, skip_hooks=True)
     return r.head.commit.hexsha
 
 
@@ -123,7 +196,7 @@ def commit_editable(root: Path, editable: list[str], state_dir: str, message: st
         r.index.remove(gone)
     if not r.index.diff("HEAD"):
         return None, []
-    sha = r.index.commit(message, author=AUTHOR, committer=AUTHOR).hexsha
+    sha = r.index.commit(message, author=AUTHOR, committer=AUTHOR, skip_hooks=True).hexsha
     return sha, []
 
 
@@ -205,7 +278,7 @@ def tracked_files(root: Path, commit: str) -> list[str]:
 
 
 def diff_stats(root: Path, old: str, new: str, path: str) -> tuple[int, int]:
-    out = repo(root).git.diff("--numstat", old, new, "--", path)
+    out = repo(root).git.diff(*SAFE_DIFF_FLAGS, "--numstat", old, new, "--", path)
     added = removed = 0
     for line in out.splitlines():
         a, r_, _ = line.split("\t", 2)
@@ -216,4 +289,4 @@ def diff_stats(root: Path, old: str, new: str, path: str) -> tuple[int, int]:
 
 
 def diff_text(root: Path, old: str, new: str, paths: list[str]) -> str:
-    return repo(root).git.diff(old, new, "--", *paths)
+    return repo(root).git.diff(*SAFE_DIFF_FLAGS, old, new, "--", *paths)
