@@ -1,0 +1,1 @@
+"""The `loopwright` commands, one module per topic; mcp_server/cli/registry.py says which is where."""
