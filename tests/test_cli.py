@@ -15,7 +15,7 @@ from mcp_server.cli.registry import COMMANDS, Command, register
 pytestmark = pytest.mark.unit
 
 EXPECTED = {"init", "status", "export-tsv", "report", "serve", "run-experiment", "score", "revert", "budget",
-            "stop", "run", "demo", "launch", "cron", "webhook", "notify", "doctor", "codex-config", "guard"}
+            "stop", "replay", "run", "demo", "launch", "cron", "webhook", "notify", "doctor", "codex-config", "guard"}
 
 
 def _cli(*args: str, cwd=None) -> subprocess.CompletedProcess:

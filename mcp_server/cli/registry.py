@@ -71,6 +71,8 @@ for _command in (
     Command("revert", "loop:revert", "reset train.py to the best (or a given) version"),
     Command("budget", "loop:budget", "remaining budget and should_stop"),
     Command("stop", "loop:stop", "ask the loop to stop at the next budget check"),
+    Command("replay", "mcp_server.cli.replay:replay", "re-run each kept change against its parent on fresh "
+                                                      "seeds, interleaved, and say whether it holds"),
     # agents
     Command("run", "agents:run", "run an agent session on the workspace (the built-in agent needs no API key "
                                  "or network)"),

@@ -1,6 +1,6 @@
 """`loopwright replay [--keeps] [--seeds N]`: re-run each kept change against its parent on fresh seeds.
 
-Self-contained: `register(sub, ws_arg, command)` adds the sub-command (see loop/replay.py for the rule).
+Registered in mcp_server/cli/registry.py (see loop/replay.py for the rule).
 """
 from __future__ import annotations
 
@@ -8,30 +8,28 @@ import json
 import sys
 
 
-def register(sub, ws_arg, command) -> None:
-    sp = ws_arg(sub.add_parser("replay", help="re-run each kept change against its parent on fresh seeds, "
-                                              "interleaved, and say whether it holds"))
+def replay_args(sp) -> None:
     sp.add_argument("--keeps", action="store_true", default=True,
                     help="replay the kept experiments (the default and, for now, the only choice)")
     sp.add_argument("--seeds", type=int, default=3, help="fresh seeds per keep (default 3)")
     sp.add_argument("--json", action="store_true", help="print the result as JSON")
 
-    @command("replay")
-    def cmd_replay(args) -> int:
-        from mcp_server.loop.engine import Engine
-        from mcp_server.loop.replay import replay
 
-        if args.seeds < 1:
-            print("loopwright replay: --seeds must be at least 1", file=sys.stderr)
-            return 2
-        with Engine(args.workspace, recover=False) as eng:
-            res = replay(eng, seeds=args.seeds, on_run=None if args.json else
+def replay(args) -> int:
+    from mcp_server.loop.engine import Engine
+    from mcp_server.loop.replay import replay as run_replay
+
+    if args.seeds < 1:
+        print("loopwright replay: --seeds must be at least 1", file=sys.stderr)
+        return 2
+    with Engine(args.workspace, recover=False) as eng:
+        res = run_replay(eng, seeds=args.seeds, on_run=None if args.json else
                          (lambda s: print(s, file=sys.stderr, flush=True)))
-        if args.json:
-            print(json.dumps(res.model_dump(), indent=2))
-            return 0 if res.all_hold else 1
-        print(format_result(res))
+    if args.json:
+        print(json.dumps(res.model_dump(), indent=2))
         return 0 if res.all_hold else 1
+    print(format_result(res))
+    return 0 if res.all_hold else 1
 
 
 def format_result(res) -> str:
