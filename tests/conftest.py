@@ -18,6 +18,14 @@ FAST = {"benchmark": {"time_budget": 25.0, "grace_seconds": 45.0, "eval_tokens":
         "budget": {"max_experiments": 100, "max_hours": 10.0, "max_cost_usd": 10.0}}
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _loopwright_home(tmp_path_factory):
+    """Every test's state directories under one private temp home (never the user's ~/.local/share)."""
+    if not os.environ.get("LOOPWRIGHT_HOME"):
+        os.environ["LOOPWRIGHT_HOME"] = str(tmp_path_factory.mktemp("loopwright-home"))
+    yield
+
+
 @pytest.fixture(autouse=True)
 def _no_proxy(monkeypatch):
     for k in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy"):

@@ -1,0 +1,215 @@
+"""Operational settings: budgets, campaign, schedules, connectors, webhook server.
+
+They are the human's, so they live in the state directory (`settings.toml`, 0600),
+outside the workspace the agent can write, and change only through
+`loopwright config set|unset|edit` (validated with the same pydantic models as
+loopwright.toml). A connector's endpoint (`[slack] base_url`, `[jira] server`) and
+the *names* of its token variables come from here only: an edit of the workspace's
+loopwright.toml cannot point a token at another host. Being outside git, they
+survive baseline, discard, crash and revert; the loop re-reads the file (by
+mtime) on every check, so a change takes effect at the next one.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+from pydantic import Field, ValidationError
+
+from mcp_server.loop import config as cfgmod
+from mcp_server.loop.config import (BudgetConfig, CampaignConfig, ConfigError, JiraConfig, ScheduleConfig,
+                                    SlackConfig, WebhookConfig, tomllib)
+
+SETTINGS_NAME = "settings.toml"
+_HEADER = ("# loopwright operational settings (budgets, schedules, connectors).\n"
+           "# Change them with `loopwright config set KEY VALUE` (or `loopwright config edit`); the loop\n"
+           "# reads this file at every check. Secrets are never stored here, only env variable NAMES.\n\n")
+
+
+class SettingsError(ConfigError):
+    """A settings problem, phrased as what to do."""
+
+
+class Settings(cfgmod._Section):
+    campaign: CampaignConfig = Field(default_factory=CampaignConfig)
+    budget: BudgetConfig = Field(default_factory=BudgetConfig)
+    schedule: list[ScheduleConfig] = Field(default_factory=list)
+    slack: Optional[SlackConfig] = None
+    jira: Optional[JiraConfig] = None
+    webhook: WebhookConfig = Field(default_factory=WebhookConfig)
+
+
+def validate(data: dict, where: str = SETTINGS_NAME) -> Settings:
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as e:
+        raise SettingsError(cfgmod._format_error(Path(where), e).replace(
+            "(see README, 'loopwright.toml')", "(`loopwright config show` lists the keys)")) from None
+
+
+def data_of(s: Settings) -> dict:
+    return s.model_dump(mode="json", exclude_none=True)
+
+
+def to_text(s: Settings) -> str:
+    return _HEADER + cfgmod.toml_text(data_of(s))
+
+
+def parse(text: str, where: str = SETTINGS_NAME) -> Settings:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise SettingsError(f"{where}: not valid TOML ({e})") from None
+    return validate(data, where)
+
+
+_CACHE: dict[str, tuple[tuple[int, int, int], Settings]] = {}
+
+
+def load(path: Path) -> Settings:
+    """The settings at `path` (defaults when the file does not exist yet)."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return Settings()
+    key = (st.st_mtime_ns, st.st_size, st.st_ctime_ns)
+    hit = _CACHE.get(str(path))
+    if hit and hit[0] == key:
+        return hit[1]
+    s = parse(path.read_text(encoding="utf-8"), str(path))
+    _CACHE[str(path)] = (key, s)
+    return s
+
+
+def stat_key(path: Path) -> Optional[tuple[int, int, int]]:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return (st.st_mtime_ns, st.st_size, st.st_ctime_ns)
+
+
+def save(path: Path, s: Settings) -> None:
+    """Atomic write, owner-only."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".settings.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(to_text(s))
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _CACHE.pop(str(path), None)
+
+
+# -- keys ------------------------------------------------------------------------
+
+def keys() -> list[str]:
+    """Every settable dotted key (sections as a whole are settable too)."""
+    out = []
+    for name, field in Settings.model_fields.items():
+        model = _model_of(field.annotation)
+        if name == "schedule":
+            out.append("schedule")
+            out += [f"schedule.N.{k}" for k in ScheduleConfig.model_fields]
+        elif model is not None:
+            out += [f"{name}.{k}" for k in model.model_fields]
+    return out
+
+
+def _model_of(annotation: Any):
+    for cand in (CampaignConfig, BudgetConfig, SlackConfig, JiraConfig, WebhookConfig):
+        if annotation is cand or cand in getattr(annotation, "__args__", ()):
+            return cand
+    return None
+
+
+def _split(key: str) -> list[Any]:
+    parts: list[Any] = []
+    for p in key.strip().split("."):
+        if not p:
+            raise SettingsError(f"bad key {key!r}: use dotted names such as budget.max_experiments")
+        parts.append(int(p) if p.isdigit() else p)
+    if not parts or parts[0] not in Settings.model_fields:
+        raise SettingsError(f"unknown key {key!r}: sections are {', '.join(Settings.model_fields)}; "
+                            "`loopwright config show --keys` lists every key")
+    return parts
+
+
+def get(s: Settings, key: str) -> Any:
+    cur: Any = s.model_dump(mode="json")
+    for p in _split(key):
+        try:
+            cur = cur[p]
+        except (KeyError, IndexError, TypeError):
+            raise SettingsError(f"{key!r} is not set (`loopwright config show` prints the settings)") from None
+    return cur
+
+
+def parse_value(raw: str) -> Any:
+    """A TOML value (4, 2.5, true, "x", [..], {..}); anything else is taken as a plain string."""
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def set_value(s: Settings, key: str, raw: str) -> Settings:
+    parts = _split(key)
+    value = parse_value(raw)
+    try:
+        return validate(_assign(data_of(s), parts, value, key), f"{key} = {raw}")
+    except SettingsError:
+        if isinstance(value, str):
+            raise
+        # `set slack.channel 123`: a number where a string belongs
+        return validate(_assign(data_of(s), parts, raw, key), f"{key} = {raw}")
+
+
+def unset(s: Settings, key: str) -> Settings:
+    """Back to the default (a whole optional section such as [slack] is removed)."""
+    parts = _split(key)
+    data = data_of(s)
+    parent: Any = data
+    for p in parts[:-1]:
+        try:
+            parent = parent[p]
+        except (KeyError, IndexError, TypeError):
+            return s
+    try:
+        del parent[parts[-1]]
+    except (KeyError, IndexError, TypeError):
+        return s
+    return validate(data, f"unset {key}")
+
+
+def _assign(data: dict, parts: list[Any], value: Any, key: str) -> dict:
+    cur: Any = data
+    for i, p in enumerate(parts[:-1]):
+        nxt = parts[i + 1]
+        if isinstance(cur, list):
+            if not isinstance(p, int) or p > len(cur):
+                raise SettingsError(f"{key!r}: index {p} is out of range (there are {len(cur)} entries; "
+                                    f"use {len(cur)} to add one)")
+            if p == len(cur):
+                cur.append({})
+            cur = cur[p]
+            continue
+        if p not in cur or cur[p] is None:
+            cur[p] = [] if isinstance(nxt, int) else {}
+        cur = cur[p]
+    last = parts[-1]
+    if isinstance(cur, list):
+        if not isinstance(last, int) or last > len(cur):
+            raise SettingsError(f"{key!r}: index {last} is out of range")
+        if last == len(cur):
+            cur.append(value)
+        else:
+            cur[last] = value
+    else:
+        cur[last] = value
+    return data
