@@ -124,6 +124,9 @@ def run_training(ws: Workspace, run_dir: Path, seed: int, on_progress: Optional[
     run_dir.mkdir(parents=True, exist_ok=True)
     model_path = run_dir / "model.pt2"
     model_path.unlink(missing_ok=True)
+    # train.py sees the training split only (val/test stay in the state directory): a copy of the
+    # train view where the workspace's prepare.py looks.
+    ws.sync_train_view()
     bench = ws.cfg.benchmark
     hard_limit = bench.time_budget + bench.grace_seconds
     env = clean_env({"LOOPWRIGHT_SEED": str(seed), "LOOPWRIGHT_EXPORT_PATH": str(model_path),
