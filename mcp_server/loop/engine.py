@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Optional
 
+from mcp_server.loop import approvals
 from mcp_server.loop import budget as budgetmod
 from mcp_server.loop import gitops
 from mcp_server.loop import integrity
@@ -247,6 +248,10 @@ class Engine:
             if status.should_stop:
                 raise LoopError(f"the campaign budget is spent ({'; '.join(status.reasons)}); stop here.")
             self._integrity(c, "before the run")
+            held = approvals.before_run(self, c, confirm_of, on_progress)   # the autonomy slider
+            if held is not None:
+                return held
+            c = self.campaign   # an approved keep may have moved the best
             baseline, refs = None, []
             first = not self.ledger.baseline_samples(c["id"])
             if confirm_of is None:
@@ -557,7 +562,10 @@ class Engine:
             for i in ids:
                 self.ledger.update_experiment(i, verdict=v.kind, verdict_reason=v.reason)
             sinks = sinks_for(self.ws.cfg)
-            if v.kind == "keep":
+            held = approvals.hold_keep(self, c, exp, v, samples, best_mean, sig) if v.kind == "keep" else None
+            if held is not None:   # autonomy approve-keeps: the keep waits on a person (loop/approvals.py)
+                v, nxt = held
+            elif v.kind == "keep":
                 previous = best_mean
                 self.ledger.set_best(c["id"], exp["commit_sha"], exp["id"])
                 base = self.ledger.baseline_samples(c["id"])

@@ -51,8 +51,9 @@ class PairInfo(BaseModel):
 
 
 class ExperimentResult(BaseModel):
-    experiment_id: int
-    status: Literal["ok", "crash", "timeout", "rejected", "interrupted"]
+    experiment_id: Optional[int] = Field(description="None when nothing ran (held for approval)")
+    status: Literal["ok", "crash", "timeout", "rejected", "interrupted", "pending_approval"]
+    approval_id: Optional[int] = Field(None, description="autonomy approve-runs: the approval this run waits for")
     val_bpb: Optional[float] = None
     best_val_bpb: Optional[float] = None
     delta_vs_best: Optional[float] = Field(None, description="val_bpb - best (negative = better)")
@@ -76,7 +77,7 @@ class ExperimentResult(BaseModel):
 
 class ScoreResult(BaseModel):
     experiment_id: int
-    verdict: Literal["keep", "discard", "retest"]
+    verdict: Literal["keep", "discard", "retest", "pending_approval"]
     gain: float
     threshold: float
     sigma: float = Field(description="SD of a paired difference used for this verdict")

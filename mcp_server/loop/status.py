@@ -18,6 +18,17 @@ def loop_status(root: Path | str) -> dict:
         if b.should_stop:
             return {"should_stop": True, "reason": "; ".join(b.reasons), "next_step": b.next_step,
                     "progress": progress}
+        # the autonomy slider: overdue approvals expire; when everything waits on a person, let the agent stop
+        from mcp_server.loop import approvals
+
+        approvals.expire_due(eng)
+        cid = eng.campaign["id"]
+        waiting = [a["id"] for a in approvals.waiting(eng.ledger, cid)]
+        why = approvals.blocks_agent(eng.ws, eng.ledger, cid)
+        if why and not s.pending_retest and not s.pending_score:
+            return {"should_stop": True, "reason": f"waiting on a person: {why}", "progress": progress,
+                    "waiting_approvals": waiting,
+                    "next_step": "Stop here: the loop resumes once a person approves or rejects what waits."}
         if s.pending_retest:
             nxt = f"Experiment {s.pending_retest[-1]} awaits a confirm run: run_experiment(confirm_of={s.pending_retest[-1]})."
         elif s.pending_score:
@@ -26,7 +37,8 @@ def loop_status(root: Path | str) -> dict:
             left = "" if b.experiments_left is None else f" ({b.experiments_left} experiments left)"
             nxt = (f"Budget remains{left}. Do not stop and do not ask whether to continue: pick the next idea "
                    "(suggest_next helps), edit train.py, call run_experiment, then score.")
-        return {"should_stop": False, "reason": "budget remains", "next_step": nxt, "progress": progress}
+        return {"should_stop": False, "reason": "budget remains", "next_step": nxt, "progress": progress,
+                "waiting_approvals": waiting}
     finally:
         eng.close()
 
@@ -49,6 +61,12 @@ def session_summary(root: Path | str) -> str:
         notes = eng.ledger.notes(eng.campaign["id"], limit=5)
         if notes:
             lines.append("Notes: " + "; ".join(f"[{n['kind']}] {n['text'][:120]}" for n in notes))
+        from mcp_server.loop import approvals
+
+        waiting = approvals.waiting(eng.ledger, eng.campaign["id"])
+        if waiting:
+            lines.append("Waiting for a person (autonomy " + approvals.mode(eng.ws) + "): "
+                         + "; ".join(approvals.describe(a) for a in waiting[:5]))
         if s.pending_retest:
             lines.append(f"Pending: confirm run for experiment {s.pending_retest[-1]}.")
         elif s.pending_score:
