@@ -83,6 +83,17 @@ DEFAULT_PROMPT = (
     "score. Keep going until budget_check says should_stop; then record what you learned with note() and "
     "stop.")
 SESSIONS_DIR = "sessions"
+LEVELS = ("inner", "outer")
+OUTER_SERVER = "loopwright_outer"
+OUTER_CLAUDE_TOOLS = ("Read", "Glob", "Grep")          # the outer session reads; it edits nothing
+OUTER_DISALLOWED = ("Edit", "Write", "MultiEdit", "NotebookEdit", "Bash", "EnterWorktree")
+OUTER_PROMPT = (
+    "You are running an unattended loopwright OUTER-LOOP session; nobody will answer questions. You improve "
+    "the search of the inner research loop, not train.py, and you edit no file. Follow the outer-loop "
+    "protocol of the loopwright_outer MCP server: trace_read (find where the search stalls), mechanisms_list, "
+    "then at most one mechanism_propose(name, code, rationale) of a small advise(history, source) module that "
+    "targets the stall, and mechanism_activate it if it validated (fix and propose again if it was rejected). "
+    "A mechanism that does not help is reverted automatically after its trial window. Then stop.")
 _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH|COOKIE", re.I)
 _AGENT_ITEMS = ("agent_message", "mcp_tool_call", "file_change", "command_execution", "web_search",
                 "todo_list", "collab_tool_call")
@@ -254,6 +265,31 @@ def claude_argv(exe: str, root: Path, prompt: str, cost_left: Optional[float], e
     return argv + extra
 
 
+def outer_mcp_config(root: Path, state_dir: Path, python: str) -> Path:
+    """The outer server's MCP config, in the loop's state dir (the agent cannot rewire it)."""
+    path = state_dir / "outer-mcp.json"
+    cfg = {"mcpServers": {OUTER_SERVER: {"command": python, "args": ["-m", "mcp_server.cli", "serve", "--level",
+                                                                     "outer", "--workspace", str(root)]}}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(cfg, indent=2) + "\n")
+    return path
+
+
+def claude_outer_argv(exe: str, root: Path, state_dir: Path, prompt: str, cost_left: Optional[float],
+                      extra: list[str]) -> list[str]:
+    """An outer session: only the outer tools and read-only file tools; the workspace's hooks still apply."""
+    from mcp_server.mcp.outer import OUTER_TOOLS
+
+    tools = [f"mcp__{OUTER_SERVER}__{t}" for t in OUTER_TOOLS] + list(OUTER_CLAUDE_TOOLS)
+    argv = [exe, "-p", prompt, "--output-format", "stream-json", "--verbose",
+            "--permission-mode", "default", "--allowedTools", ",".join(tools),
+            "--disallowedTools", ",".join(OUTER_DISALLOWED), "--setting-sources", "project",
+            "--mcp-config", str(outer_mcp_config(root, state_dir, sys.executable)), "--strict-mcp-config"]
+    if cost_left is not None:
+        argv += ["--max-budget-usd", f"{max(cost_left, 0.0):.4f}"]
+    return argv + extra
+
+
 def _toml(value: Any) -> str:
     """A TOML literal for a `-c key=value` override (JSON strings are valid TOML basic strings)."""
     if isinstance(value, bool):
@@ -269,7 +305,7 @@ def _toml(value: Any) -> str:
     raise TypeError(value)
 
 
-def codex_overrides(root: Path, python: str, tool_timeout_s: float) -> list[str]:
+def codex_overrides(root: Path, python: str, tool_timeout_s: float, level: str = "inner") -> list[str]:
     """`-c` overrides: the loopwright MCP server and the guard hooks, run by `python`."""
     guard = f"{shlex.quote(python)} -m mcp_server.guard"
 
@@ -279,14 +315,16 @@ def codex_overrides(root: Path, python: str, tool_timeout_s: float) -> list[str]
             group = {"matcher": matcher, **group}
         return [group]
 
+    name = OUTER_SERVER if level == "outer" else MCP_SERVER
+    serve = ["-m", "mcp_server.cli", "serve"] + (["--level", "outer"] if level == "outer" else [])
     pairs = {
-        f"mcp_servers.{MCP_SERVER}.command": python,
-        f"mcp_servers.{MCP_SERVER}.args": ["-m", "mcp_server.cli", "serve", "--workspace", str(root)],
-        f"mcp_servers.{MCP_SERVER}.required": True,
-        f"mcp_servers.{MCP_SERVER}.startup_timeout_sec": 60,
-        f"mcp_servers.{MCP_SERVER}.tool_timeout_sec": int(max(tool_timeout_s, 600)),
+        f"mcp_servers.{name}.command": python,
+        f"mcp_servers.{name}.args": serve + ["--workspace", str(root)],
+        f"mcp_servers.{name}.required": True,
+        f"mcp_servers.{name}.startup_timeout_sec": 60,
+        f"mcp_servers.{name}.tool_timeout_sec": int(max(tool_timeout_s, 600)),
         # score and revert are marked destructive: with approvals off, Codex would refuse them
-        f"mcp_servers.{MCP_SERVER}.default_tools_approval_mode": "approve",
+        f"mcp_servers.{name}.default_tools_approval_mode": "approve",
         "hooks.PreToolUse": hook("pre-tool-use", HOOK_MATCHER, 30),
         "hooks.Stop": hook("stop", None, 60),
         "hooks.SessionStart": hook("session-start", "startup|resume", 60),
@@ -297,10 +335,11 @@ def codex_overrides(root: Path, python: str, tool_timeout_s: float) -> list[str]
     return out
 
 
-def codex_argv(exe: str, root: Path, prompt: str, tool_timeout_s: float, extra: list[str]) -> list[str]:
+def codex_argv(exe: str, root: Path, prompt: str, tool_timeout_s: float, extra: list[str],
+               level: str = "inner") -> list[str]:
     return ([exe, "exec", "--json", "--dangerously-bypass-hook-trust", "-s", "workspace-write",
              "-c", 'approval_policy="never"', "-C", str(root)]
-            + codex_overrides(root, sys.executable, tool_timeout_s) + extra + ["--", prompt])
+            + codex_overrides(root, sys.executable, tool_timeout_s, level) + extra + ["--", prompt])
 
 
 def builtin_argv(root: Path, limit_s: float) -> list[str]:
@@ -455,7 +494,8 @@ def client_env(session_id: int, root: Path, base: Optional[dict[str, str]] = Non
 
 
 def launch_session(root: Path | str, agent: str, trigger: str = "manual", detail: str = "",
-                   max_session_minutes: Optional[float] = None, prompt: Optional[str] = None) -> int:
+                   max_session_minutes: Optional[float] = None, prompt: Optional[str] = None,
+                   level: str = "inner") -> int:
     """Run one headless session of `agent` in the workspace at `root`; returns its ledger session id.
 
     Raises LaunchError (nothing recorded) when the budget is spent, the agent is unknown or its
@@ -466,6 +506,8 @@ def launch_session(root: Path | str, agent: str, trigger: str = "manual", detail
 
     if agent not in AGENTS:
         raise LaunchError(f"unknown agent {agent!r}; use one of {', '.join(AGENTS)}")
+    if level not in LEVELS:
+        raise LaunchError(f"unknown level {level!r}; use inner (the research loop) or outer (its mechanisms)")
     minutes = DEFAULT_MAX_MINUTES if max_session_minutes is None else float(max_session_minutes)
     if minutes <= 0:
         raise LaunchError(f"max_session_minutes must be positive (got {max_session_minutes})")
@@ -481,19 +523,26 @@ def launch_session(root: Path | str, agent: str, trigger: str = "manual", detail
                               f"stop request with `loopwright stop --clear`, or start a new campaign "
                               f"(`loopwright init {ws.root} --tag NEW`).")
         env = client_env(0, ws.root)
-        prompt = prompt or DEFAULT_PROMPT
-        if agent == "claude":
+        prompt = prompt or (OUTER_PROMPT if level == "outer" else DEFAULT_PROMPT)
+        if agent == "claude" and level == "outer":
+            argv = claude_outer_argv(find_client("claude", env), ws.root, ws.state_dir, prompt,
+                                     budget.cost_left_usd, _extra_args(env, "claude"))
+            parser: Any = ClaudeParser()
+        elif agent == "claude":
             argv = claude_argv(find_client("claude", env), ws.root, prompt, budget.cost_left_usd,
                                _extra_args(env, "claude"))
-            parser: Any = ClaudeParser()
+            parser = ClaudeParser()
         elif agent == "codex":
             price = parse_price(env.get("LOOPWRIGHT_CODEX_PRICE"))
-            argv = codex_argv(find_client("codex", env), ws.root, prompt, limit_s, _extra_args(env, "codex"))
+            argv = codex_argv(find_client("codex", env), ws.root, prompt, limit_s, _extra_args(env, "codex"), level)
             parser = CodexParser(price)
+        elif level == "outer":   # the built-in outer loop: one step (decide a trial, start the next)
+            argv = [sys.executable, "-m", "mcp_server.cli", "mechanisms", "step", "--workspace", str(ws.root)]
+            parser = PlainParser()
         else:
             argv = builtin_argv(ws.root, limit_s)
             parser = PlainParser()
-        start_detail = {"trigger_detail": detail, "limit_minutes": minutes}
+        start_detail = {"trigger_detail": detail, "limit_minutes": minutes, "level": level}
         sid = eng.ledger.start_session(campaign["id"], trigger, agent, json.dumps(start_detail))
     finally:
         eng.close()   # no connection held open for the hours a session may run

@@ -73,6 +73,9 @@ for _command in (
     Command("stop", "loop:stop", "ask the loop to stop at the next budget check"),
     Command("replay", "mcp_server.cli.replay:replay", "re-run each kept change against its parent on fresh "
                                                       "seeds, interleaved, and say whether it holds"),
+    Command("mechanisms", "mcp_server.cli.mechanisms:mechanisms", "search mechanisms: list, propose FILE, "
+                                                                  "activate, revert; the built-in outer loop (auto "
+                                                                  "on|off, step)"),
     # agents
     Command("run", "agents:run", "run an agent session on the workspace (the built-in agent needs no API key "
                                  "or network)"),

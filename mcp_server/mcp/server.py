@@ -151,9 +151,14 @@ def _register_extensions(server: MCPServer, in_thread) -> None:
     register_tools(server, in_thread)
 
 
-def serve(workspace: Path | str, http: bool = False, host: str = "127.0.0.1", port: int = 8765) -> None:
+def serve(workspace: Path | str, http: bool = False, host: str = "127.0.0.1", port: int = 8765,
+          level: str = "inner") -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    server = build_server(workspace, strict=False)
+    if level == "outer":   # the outer loop's own tool set (mcp/outer.py); never mixed into the inner one
+        from mcp_server.mcp.outer import build_outer_server
+        server = build_outer_server(workspace)
+    else:
+        server = build_server(workspace, strict=False)
     if http:
         server.run("streamable-http", host=host, port=port)
     else:

@@ -3,6 +3,8 @@
 - tabu: exact repeats are refused by the engine; near repeats get a warning.
 - plateau: after K experiments without a keep, an orthogonal category.
 - bandit: UCB1 over categories of change, rewarded by the ledger's verdicts.
+- runtime mechanisms (registry.py): written by an outer session or shipped in library/,
+  validated (validate.py), run in a sandbox, put on trial and kept or reverted (trial.py).
 
 Each mechanism is a pure function of the history (see base.py); this module
 only builds that history from a live workspace and exposes the MCP tool.
@@ -42,10 +44,23 @@ class ArmInfo(BaseModel):
     ucb: Optional[float] = Field(None, description="upper confidence bound; null = not tried yet")
 
 
+class MechanismAdvice(BaseModel):
+    name: str
+    version: int
+    status: str = Field(description="active (on trial) or kept")
+    category: Optional[str] = None
+    parameters: list[str] = Field(default_factory=list)
+    avoid: list[str] = Field(default_factory=list)
+    forced: bool = False
+    note: str = ""
+    error: Optional[str] = Field(None, description="it failed on this call: skipped, and reverted")
+
+
 class Suggestion(BaseModel):
     category: Optional[str] = Field(None, description="category of change to try next")
     parameters: list[str] = Field(default_factory=list, description="constants of that category, best first")
-    decided_by: str = Field(description="which mechanism chose the category: plateau, bandit or none")
+    decided_by: str = Field(description="which mechanism chose the category: plateau, bandit, a runtime "
+                                        "mechanism's name, or none")
     reason: str
     plateau: bool
     experiments_since_keep: int
@@ -55,6 +70,8 @@ class Suggestion(BaseModel):
     arms: list[ArmInfo] = Field(default_factory=list, description="the bandit's view of each category")
     constants: dict[str, Union[bool, int, float]] = Field(
         default_factory=dict, description="train.py's tunable constants and their current values")
+    mechanisms: list[MechanismAdvice] = Field(default_factory=list,
+                                              description="what each runtime mechanism in use advised")
     next_step: str
 
 
@@ -145,7 +162,10 @@ def suggest(engine, mechanisms: Optional[list[Mechanism]] = None) -> Suggestion:
     except SyntaxError as e:
         warnings.append(f"train.py does not parse (line {e.lineno}: {e.msg}); fix it or call revert()")
         planning_source = history.best_source
-    advice = advise(history, planning_source, mechanisms)
+    runtime = _runtime(engine, history, planning_source) if mechanisms is None else []
+    advice = combine([m.advise(history, planning_source) for m in (mechanisms or default_mechanisms())]
+                     + [r.advice for r in runtime if r.advice is not None])
+    warnings += [f"mechanism {r.name} v{r.version} failed and was reverted: {r.error}" for r in runtime if r.error]
     if planning_source is not source:   # tabu still judges the file as it is
         advice = combine([advice, Tabu().advise(history, source)])
     tabu = advice.details.get("tabu", {})
@@ -169,7 +189,33 @@ def suggest(engine, mechanisms: Optional[list[Mechanism]] = None) -> Suggestion:
                       reason=advice.reason or "no opinion yet", plateau=bool(plateau.get("plateau")),
                       experiments_since_keep=history.experiments_since_keep, tabu_status=status,
                       repeat_of=tabu.get("of_experiment"), warnings=warnings + list(advice.warnings), arms=arms,
-                      constants=consts, next_step=nxt)
+                      constants=consts, mechanisms=[_report(r) for r in runtime], next_step=nxt)
+
+
+def _runtime(engine, history: History, source: str) -> list:
+    """Trials first (decided when due; the built-in outer loop steps when enabled), then the advice of
+    every runtime mechanism in use. Nothing here may stop the inner loop: errors are logged."""
+    from mcp_server.mechanisms import registry, trial
+
+    try:
+        if trial.outer_enabled(engine.ledger):
+            trial.outer_step(engine, history=history)
+        else:
+            trial.tick(engine, history)
+    except Exception:  # noqa: BLE001
+        log.exception("mechanism trial bookkeeping failed; suggesting without it")
+    try:
+        return registry.consult(engine, history, source)
+    except Exception:  # noqa: BLE001
+        log.exception("runtime mechanisms failed; suggesting with the built-in ones only")
+        return []
+
+
+def _report(r) -> MechanismAdvice:
+    d = r.advice.details if r.advice is not None else {}
+    return MechanismAdvice(name=r.name, version=r.version, status=r.status, category=d.get("category"),
+                           parameters=d.get("parameters", []), avoid=d.get("avoid", []), forced=d.get("force", False),
+                           note=d.get("note", ""), error=r.error)
 
 
 def near_repeat_warnings(engine) -> list[str]:

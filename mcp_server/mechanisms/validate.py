@@ -263,6 +263,7 @@ def synthetic_cases(source: str) -> list[dict]:
     """Histories that exercise the corners a mechanism must survive."""
     from mcp_server.mechanisms.base import History, history_to_dict
 
+    bare = "print('a train.py without tunable constants')\n"
     base = history_to_dict(History((), 2.0, 0.01, source), source)
     cats = [c["category"] for c in base["constants"]] or ["optimizer"]
     names = [c["name"] for c in base["constants"]] or ["LR"]
@@ -284,7 +285,7 @@ def synthetic_cases(source: str) -> list[dict]:
             {"label": "plateau", "history": with_trials(plateau), "source": source},
             {"label": "crash-streak", "history": with_trials(crashes), "source": source},
             {"label": "one-category", "history": with_trials(one_cat), "source": source},
-            {"label": "no-constants", "history": with_trials([]), "source": "print('no constants here')\n"}]
+            {"label": "no-constants", "history": history_to_dict(History((), None, 0.0, bare), bare), "source": bare}]
 
 
 def validate(name: str, code: str, source: str, recorded: Optional[dict] = None,

@@ -80,6 +80,9 @@ def launch_args(sp) -> None:
     sp.add_argument("--max-minutes", type=float, default=None,
                     help="wall-clock limit; the session's process group is killed after it (default 120)")
     sp.add_argument("--prompt", default=None, help="instead of the default unattended-loop prompt")
+    sp.add_argument("--level", choices=["inner", "outer"], default="inner",
+                    help="inner: the research loop (default); outer: a session that reads the trace and proposes, "
+                         "activates and reverts search mechanisms (builtin: one step of the built-in outer loop)")
 
 
 def launch(args) -> int:
@@ -102,7 +105,7 @@ def launch(args) -> int:
     try:
         with held:
             sid = launch_session(ws.root, agent=args.agent, trigger="manual", max_session_minutes=args.max_minutes,
-                                 prompt=args.prompt)
+                                 prompt=args.prompt, level=args.level)
     except LaunchError as e:
         return usage_error("launch", str(e))
     finally:

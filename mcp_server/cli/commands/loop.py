@@ -13,6 +13,8 @@ def serve_args(sp) -> None:
     sp.add_argument("--http", action="store_true", help="streamable HTTP on --host/--port instead of stdio")
     sp.add_argument("--host", default="127.0.0.1")
     sp.add_argument("--port", type=int, default=8765)
+    sp.add_argument("--level", choices=["inner", "outer"], default="inner",
+                    help="inner: the research loop's tools (default); outer: the mechanism tools of an outer session")
 
 
 def serve(args) -> int:
@@ -26,7 +28,7 @@ def serve(args) -> int:
         # Start anyway: a plugin's server must come up so the agent can read why nothing works.
         print(f"loopwright: {e}; serving anyway, every tool will say so", file=sys.stderr)
         root = Path(start).expanduser().resolve()
-    serve_mcp(root, http=args.http, host=args.host, port=args.port)
+    serve_mcp(root, http=args.http, host=args.host, port=args.port, level=args.level)
     return 0
 
 
