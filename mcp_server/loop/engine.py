@@ -20,6 +20,7 @@ from mcp_server.loop import budget as budgetmod
 from mcp_server.loop import gitops
 from mcp_server.loop import integrity
 from mcp_server.loop import runner
+from mcp_server.loop import text as textmod
 from mcp_server.loop import verdict
 from mcp_server.loop.models import (BaselineInfo, BudgetResult, ExperimentResult, ExperimentRow, NoiseInfo, NoteResult,
                      NoteRow, PairInfo, RevertResult, ScoreResult, StateView, Summary)
@@ -43,8 +44,11 @@ class Engine:
         self.ws = Workspace.find(root) if root is None else Workspace.open(root)
         self.ledger = self.ws.ledger()
         self._campaign_cache: Optional[int] = None
-        if recover:
+        # Orphaned `running` rows (a CLI or server killed with -9) are recovered by every entry point:
+        # safe even with recover=False, since a live run holds the experiment lock and recover() skips then.
+        if recover or self.ledger.running_experiments():
             self.recover()
+        self._check_pin_on_open()
 
     def close(self) -> None:
         self.ledger.close()
@@ -197,6 +201,25 @@ class Engine:
             return []  # a live server is running them
 
     # -- integrity ----------------------------------------------------------
+    def _check_pin_on_open(self) -> None:
+        """The pinned commit in the ledger must be the one recorded at init in the state directory."""
+        try:
+            c = self.campaign
+        except LoopError:
+            return      # not on a campaign branch: every operation says so
+        mism = integrity.check_pin(self.ws, c["pinned_commit"])
+        if mism:
+            key = f"tamper_pin_reported:{c['id']}:{c['pinned_commit']}"
+            if not self.ledger.kv_get(key):
+                self.ledger.kv_set(key, "1")
+                self.ledger.add_event(c["id"], "tamper", {"files": [m.path for m in mism], "when": "on open",
+                                                          "detail": integrity.describe(mism),
+                                                          "action": ["the loop refuses to run or score"]},
+                                      sinks=sinks_for(self.ws.cfg))
+            raise LoopError(f"the loop's record of the pinned commit was tampered with: {integrity.describe(mism)}. "
+                            "Nothing can be run or scored until a human restores the ledger (state.db in "
+                            f"{self.ws.state_dir}) from a backup.")
+
     def _integrity(self, c: dict, when: str) -> None:
         mism = integrity.check(self.ws, c["pinned_commit"])
         if not mism:
@@ -205,10 +228,15 @@ class Engine:
         self.ledger.add_event(c["id"], "tamper", {"files": [m.path for m in mism], "when": when,
                                                   "detail": integrity.describe(mism), "action": actions},
                               sinks=sinks_for(self.ws.cfg))
-        raise LoopError(f"integrity check failed {when}: {integrity.describe(mism)}. The pinned files were "
-                        f"restored and a tamper event was recorded; nothing was run or scored. Only "
-                        f"{', '.join(self.ws.cfg.paths.editable)} may change -- make your change there and "
-                        "call run_experiment again.")
+        if integrity.restored(mism, actions):
+            raise LoopError(f"integrity check failed {when}: {integrity.describe(mism)}. Restored ({'; '.join(actions)}) "
+                            f"and a tamper event was recorded; nothing was run or scored. Only "
+                            f"{', '.join(self.ws.cfg.paths.editable)} may change -- make your change there and "
+                            "call run_experiment again.")
+        # Say the truth: nothing was (fully) restored, and what a human has to do.
+        raise LoopError(f"integrity check failed {when}: {integrity.describe(mism)}. It could NOT be repaired "
+                        f"automatically: {'; '.join(actions)}. A tamper event was recorded; nothing was run or "
+                        "scored. Stop here and ask the human to fix the workspace.")
 
     # -- run_experiment -----------------------------------------------------------
     def _editable_source(self) -> str:
@@ -239,9 +267,12 @@ class Engine:
     def run_experiment(self, description: str, hypothesis: Optional[str] = None,
                        confirm_of: Optional[int] = None, on_progress: Optional[runner.ProgressFn] = None,
                        session_id: Optional[int] = None) -> ExperimentResult:
-        description = (description or "").strip()
+        # Agent-written text: control characters/ANSI stripped, length capped (status renders it).
+        description = textmod.clean(description, textmod.MAX_DESCRIPTION)
         if not description:
             raise LoopError("description is required: say in a few words what this experiment changes")
+        if confirm_of is not None:
+            confirm_of = _experiment_id(confirm_of, "confirm_of")
         with self._exclusive():
             c = self.campaign
             status = self.budget(c)
@@ -606,7 +637,7 @@ class Engine:
                 raise LoopError("nothing to score: run_experiment first (the last experiment already has a verdict)")
             exp = rows[0]
         else:
-            exp = self.ledger.experiment(int(experiment_id))
+            exp = self.ledger.experiment(_experiment_id(experiment_id, "experiment_id"))
             if exp is None or exp["campaign_id"] != c["id"]:
                 raise LoopError(f"experiment {experiment_id} does not exist in this campaign; "
                                 "state_read(view='history') lists experiment ids")
@@ -652,7 +683,7 @@ class Engine:
             if to is None:
                 commit, eid = c["best_commit"], c["best_experiment_id"]
             else:
-                exp = self.ledger.experiment(int(to))
+                exp = self.ledger.experiment(_experiment_id(to, "to"))
                 if exp is None or exp["campaign_id"] != c["id"]:
                     raise LoopError(f"experiment {to} does not exist in this campaign")
                 if exp["verdict"] not in ("keep", "retest") and not exp["is_baseline"]:
@@ -769,7 +800,9 @@ class Engine:
                        time_budget_s=self.ws.cfg.benchmark.time_budget)
 
     def note(self, text: str, kind: str = "lesson", experiment_id: Optional[int] = None) -> NoteResult:
-        text = (text or "").strip()
+        if len(text or "") > 4 * textmod.MAX_NOTE:
+            raise LoopError("note is longer than 4000 characters; keep notes short and specific")
+        text = textmod.clean(text, 10 * textmod.MAX_NOTE, single_line=False)
         if not text:
             raise LoopError("note text is empty; write the lesson or dead end in a sentence or two")
         if kind not in NOTE_KINDS:
@@ -777,9 +810,21 @@ class Engine:
         if len(text) > 4000:
             raise LoopError("note is longer than 4000 characters; keep notes short and specific")
         c = self.campaign
-        if experiment_id is not None and self.ledger.experiment(experiment_id) is None:
+        if experiment_id is not None and self.ledger.experiment(_experiment_id(experiment_id, "experiment_id")) is None:
             raise LoopError(f"experiment {experiment_id} does not exist")
         return NoteResult(note_id=self.ledger.add_note(c["id"], kind, text, experiment_id), kind=kind)
+
+
+def _experiment_id(value, name: str) -> int:
+    """An experiment id from a caller (an agent): an int SQLite can hold, or a clear error."""
+    try:
+        v = int(value)
+    except (TypeError, ValueError):
+        raise LoopError(f"{name}={value!r} is not an experiment id; state_read(view='history') lists them") from None
+    if not 1 <= v < 2 ** 63:
+        raise LoopError(f"{name}={value} is not an experiment id (ids are positive and far smaller); "
+                        "state_read(view='history') lists them")
+    return v
 
 
 def _pick(row: dict, model) -> dict:

@@ -11,7 +11,10 @@ and the run or score is refused.
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import json
+import os
+import zlib
 import shutil
 import time
 from dataclasses import dataclass
@@ -57,12 +60,39 @@ def frozen_tracked(ws: Workspace, pinned: str) -> list[str]:
 
 
 def check(ws: Workspace, pinned: str) -> list[Mismatch]:
+    pin = check_pin(ws, pinned)
+    if pin:
+        return pin
     try:
         return _check(ws, pinned)
     except gitops.GitError as e:
-        # The pinned commit itself cannot be trusted: nothing can be restored from it.
-        return [Mismatch(".git", "git", f"{e}; the workspace history was tampered with - inspect it with "
-                                        "`git fsck` and start a new workspace with `loopwright init`")]
+        # A pinned git object was rewritten. The state directory keeps a copy of every pinned object
+        # (snapshot_pin): restore() writes them back; without a copy nothing can be restored.
+        return [Mismatch(".git/objects", "git", str(e))]
+
+
+def check_pin(ws: Workspace, pinned: str) -> list[Mismatch]:
+    """The pinned commit is recorded at init in two places out of the agent's reach (the ledger and the
+    state directory's workspace.json); both must agree, and the pinned loopwright.lock must still hash
+    to what was recorded. A disagreement cannot be repaired by the loop: refuse."""
+    try:
+        rec = ws.record()
+    except Exception as e:  # noqa: BLE001 - reported as a mismatch
+        return [Mismatch("workspace.json", "pin", str(e))]
+    recorded = rec.get("pinned_commit")
+    if recorded and recorded != pinned:
+        return [Mismatch("state.db", "pin", f"the ledger's pinned commit {pinned[:10]} is not the one recorded at "
+                                            f"init ({recorded[:10]}): the ledger was rewritten")]
+    want = rec.get("lock_sha256")
+    if want:
+        try:
+            got = hashlib.sha256(gitops.verified_blob_bytes(ws.root, pinned, LOCK_NAME)).hexdigest()
+        except gitops.GitError:
+            return []          # a rewritten object: check() reports and repairs it
+        if got != want:
+            return [Mismatch(LOCK_NAME, "pin", f"the pinned commit's loopwright.lock hashes to {got[:12]}, not "
+                                               f"{want[:12]} as recorded at init")]
+    return []
 
 
 def _check(ws: Workspace, pinned: str) -> list[Mismatch]:
@@ -86,16 +116,25 @@ def _check(ws: Workspace, pinned: str) -> list[Mismatch]:
     for name, digest in lock["data"].items():
         path = ws.data_dir / name
         if not path.is_file():
-            out.append(Mismatch(f"{ws.cfg.paths.state_dir}/data/{name}", "data", "data file is missing"))
+            out.append(Mismatch(f"data/{name}", "data", "data file is missing"))
         elif _cached_sha(path) != digest:
-            out.append(Mismatch(f"{ws.cfg.paths.state_dir}/data/{name}", "data", "data file hash changed"))
+            out.append(Mismatch(f"data/{name}", "data", "data file hash changed"))
     return out
 
 
 def restore(ws: Workspace, pinned: str, mismatches: list[Mismatch]) -> list[str]:
     """Put the pinned state back; keep tampered copies as evidence. Returns what was done."""
     done: list[str] = []
-    evidence = ws.state_dir / "tamper" / time.strftime("%Y%m%d-%H%M%S")
+    evidence = ws.tamper_dir / time.strftime("%Y%m%d-%H%M%S")
+    if any(m.kind == "git" for m in mismatches):
+        done.extend(repair_objects(ws, pinned))
+        if not check_objects(ws, pinned):
+            mismatches = [m for m in mismatches if m.kind != "git"] + _check(ws, pinned)
+        else:
+            return done      # nothing else can be compared with an unreadable pin
+    if any(m.kind == "pin" for m in mismatches):
+        done.append("nothing restored: the pinned commit recorded in the ledger or loopwright.lock disagrees "
+                    "with the record made at init")
     files = [m for m in mismatches if m.kind in ("file", "missing", "config")]
     for m in files:
         path = ws.root / m.path
@@ -142,3 +181,105 @@ def verify_or_raise(ws: Workspace, pinned: str) -> Optional[list[Mismatch]]:
         return None
     restore(ws, pinned, mism)
     return mism
+
+
+def restored(mismatches: list[Mismatch], actions: list[str]) -> bool:
+    """Whether the restore put everything back (for an honest message)."""
+    if any(m.kind == "pin" for m in mismatches):
+        return False
+    return not any(a.startswith(("could not", "nothing restored", "rebuilt the data but")) for a in actions)
+
+
+# ---------------------------------------------------------------------------
+# A copy of the pinned commit's git objects in the state directory
+
+def _objects_dir(ws: Workspace) -> Path:
+    return ws.state_dir / "pinned" / "objects"
+
+
+def _pinned_objects(ws: Workspace, pinned: str) -> list[tuple[str, bytes, bytes]]:
+    """(sha, kind, data) of the pinned commit, its trees and blobs, each verified by re-hashing."""
+    r = gitops.repo(ws.root)
+    out: list[tuple[str, bytes, bytes]] = []
+    body = gitops._verified_object(r, pinned, b"commit")
+    out.append((pinned, b"commit", body))
+    todo = [body.split(b"\n", 1)[0].split(b" ", 1)[1].decode()]
+    while todo:
+        sha = todo.pop()
+        data = gitops._verified_object(r, sha, b"tree")
+        out.append((sha, b"tree", data))
+        pos = 0
+        while pos < len(data):
+            space = data.index(b" ", pos)
+            nul = data.index(b"\0", space)
+            mode, entry = data[pos:space], data[nul + 1:nul + 21].hex()
+            if mode in (b"40000", b"040000"):
+                todo.append(entry)
+            elif mode != b"160000":           # not a submodule link
+                out.append((entry, b"blob", gitops._verified_object(r, entry, b"blob")))
+            pos = nul + 21
+    return out
+
+
+def snapshot_pin(ws: Workspace, pinned: str) -> int:
+    """Keep the pinned objects (loose-object format) in the state directory; returns how many."""
+    d = _objects_dir(ws)
+    d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    objs = _pinned_objects(ws, pinned)
+    for sha, kind, data in objs:
+        path = d / sha
+        if not path.is_file():
+            path.write_bytes(zlib.compress(kind + b" %d\0" % len(data) + data))
+            os.chmod(path, 0o400)
+    return len(objs)
+
+
+def _stored(ws: Workspace) -> dict[str, bytes]:
+    d = _objects_dir(ws)
+    return {p.name: p.read_bytes() for p in d.iterdir()} if d.is_dir() else {}
+
+
+def check_objects(ws: Workspace, pinned: str) -> Optional[str]:
+    """None when every pinned object verifies, else the git error."""
+    try:
+        _pinned_objects(ws, pinned)
+        return None
+    except gitops.GitError as e:
+        return str(e)
+    except Exception as e:  # noqa: BLE001 - a missing or unparsable object is the same problem
+        return f"pinned object unreadable: {type(e).__name__}: {e}"
+
+
+def repair_objects(ws: Workspace, pinned: str) -> list[str]:
+    """Write back every pinned object whose copy in .git/objects is missing or rewritten, from the state
+    directory's copy. Honest about what it could not do."""
+    stored = _stored(ws)
+    if not stored:
+        return [f"could not repair the pinned git objects: this workspace has no copy of them in {ws.state_dir} "
+                "(made before loopwright kept one). Start a new workspace with `loopwright init`, or restore "
+                ".git/objects from a backup"]
+    objects = ws.root / ".git" / "objects"
+    fixed = []
+    for sha, raw in stored.items():
+        body = zlib.decompress(raw)
+        if hashlib.sha1(body).hexdigest() != sha:
+            return [f"could not repair: the state directory's copy of object {sha[:10]} is itself corrupted"]
+        path = objects / sha[:2] / sha[2:]
+        try:
+            ok = path.is_file() and zlib.decompress(path.read_bytes()) == body
+        except (OSError, zlib.error):
+            ok = False
+        if not ok:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if path.exists() or path.is_symlink():
+                path.unlink()
+            path.write_bytes(raw)
+            os.chmod(path, 0o444)
+            fixed.append(sha[:10])
+    problem = check_objects(ws, pinned)
+    if problem:
+        return [f"could not repair the pinned git objects ({problem}); rewrote {len(fixed)} loose object(s) but "
+                "git still serves a different copy (a rewritten pack?). Restore .git from a backup or start a new "
+                "workspace with `loopwright init`"]
+    return [f"rewrote {len(fixed)} pinned git object(s) ({', '.join(fixed) or 'none'}) from the state directory's "
+            "copy; the pinned commit verifies again"]

@@ -33,15 +33,14 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from mcp_server.common.facts import HOOK_MATCHER, MCP_SERVER
+from mcp_server.common.locks import FileLock
 from mcp_server.loop import config as cfgmod
 from mcp_server.loop import gitops
 from mcp_server.loop import settings as setmod
 from mcp_server.ledger.store import Ledger
 
 LOCK_NAME = "loopwright.lock"   # committed manifest of what decides the score
-# Every tool through which an agent can write or read files, in either client (as hooks/hooks.json).
-HOOK_MATCHER = ("Edit|Write|MultiEdit|NotebookEdit|Bash|Read|Grep|Glob|EnterWorktree|apply_patch|shell|"
-                "exec_command|local_shell|write_stdin")
 BENCH_FILES = ("prepare.py", "train.py", "program.md")
 ID_NAME = "workspace-id"          # in the workspace's .loopwright/: which state directory is ours
 RECORD_NAME = "workspace.json"    # in the state directory: which workspace it belongs to, the pinned commit
@@ -394,7 +393,7 @@ def client_configs(root: Path, python: str) -> dict[str, str]:
     """Workspace-level MCP + hook configs for people who do not install the plugin."""
     serve = [python, "-m", "mcp_server.cli", "serve", "--workspace", str(root)]
     guard = f"{python} -m mcp_server.guard"
-    mcp_json = {"mcpServers": {"loopwright": {"command": serve[0], "args": serve[1:]}}}
+    mcp_json = {"mcpServers": {MCP_SERVER: {"command": serve[0], "args": serve[1:]}}}
 
     def hook(event: str, timeout: int = 15) -> list[dict]:
         return [{"type": "command", "command": f"{guard} {event}", "timeout": timeout}]
@@ -588,6 +587,8 @@ def _create_in(root: Path, state: Path, wid: str, src: Path, tag: str, corpus: s
     with ws.ledger() as ledger:
         cid = ledger.create_campaign(tag, branch, pinned)
         ledger.add_event(cid, "campaign_start", {"tag": tag, "pinned_commit": pinned}, sinks=sinks_for(ws.cfg))
+    from mcp_server.loop import integrity   # (integrity imports this module)
+    integrity.snapshot_pin(ws, pinned)      # a copy of the pinned objects, to repair a rewritten one
     ws.sync_train_view()
     return ws
 
@@ -634,7 +635,6 @@ def migrate_workspace(directory: Path | str) -> list[str]:
     The ledger is copied with SQLite's online backup (a consistent snapshot; every row), then the raw
     old files are kept in the state directory as well, and only then removed from the workspace.
     Operational sections of loopwright.toml are copied into settings.toml once. Returns what was done."""
-    import fcntl
     import sqlite3
 
     root = Path(directory).expanduser().resolve()
@@ -647,13 +647,11 @@ def migrate_workspace(directory: Path | str) -> list[str]:
     cfg = cfgmod.load_config(root)
     toml_ops = cfgmod.operational_data((root / cfgmod.CONFIG_NAME).read_text(encoding="utf-8"))
     seeded = setmod.validate(toml_ops, f"{root / cfgmod.CONFIG_NAME} (operational sections)")
-    lock_fd = os.open(local / "server.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    held = FileLock(local / "server.lock").try_acquire()
+    if held is None:
+        raise WorkspaceError("an experiment is running in this workspace; migrate when it has finished "
+                             "(stop the MCP server / agent session first)")
     try:
-        try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise WorkspaceError("an experiment is running in this workspace; migrate when it has finished "
-                                 "(stop the MCP server / agent session first)") from None
         wid, state = create_state_dir(root)
         done: list[str] = [f"created the state directory {state} (0700)"]
         try:
@@ -705,9 +703,16 @@ def migrate_workspace(directory: Path | str) -> list[str]:
         ws = Workspace(root, cfg, state)
         if (ws.data_dir / "train.bin").is_file():
             ws.sync_train_view()
+        if pinned:
+            from mcp_server.loop import integrity
+            try:
+                integrity.snapshot_pin(ws, pinned)
+                done.append("kept a copy of the pinned git objects in the state directory")
+            except gitops.GitError as e:
+                done.append(f"could not copy the pinned git objects ({e}); check the history with `git fsck`")
         return done
     finally:
-        os.close(lock_fd)
+        held.release()
 
 
 def relink_workspace(directory: Path | str) -> str:

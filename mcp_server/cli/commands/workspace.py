@@ -55,6 +55,8 @@ def _print_status(s, b, rows) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from mcp_server.loop.text import for_rich   # descriptions are agent-written: no raw markup or escapes
+
     con = Console()
     con.print(f"[bold]campaign[/] {s.tag}  branch {s.branch}  pinned {s.pinned_commit}")
     best = "—" if s.best_val_bpb is None else f"{s.best_val_bpb:.4f}"
@@ -74,7 +76,7 @@ def _print_status(s, b, rows) -> None:
     for r in rows:
         colour = {"keep": "green", "discard": "grey50", "retest": "yellow"}.get(r["verdict"] or "", "")
         val = "" if r["val_bpb"] is None else f"{r['val_bpb']:.4f}"
-        t.add_row(str(r["id"]), r["description"][:60], r["status"], f"[{colour}]{r['verdict'] or ''}[/]"
+        t.add_row(str(r["id"]), for_rich(r["description"], 60), r["status"], f"[{colour}]{r['verdict'] or ''}[/]"
                   if colour else (r["verdict"] or ""), val, (r["commit_sha"] or "")[:8])
     con.print(t)
 
