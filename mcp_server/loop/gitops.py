@@ -290,3 +290,66 @@ def diff_stats(root: Path, old: str, new: str, path: str) -> tuple[int, int]:
 
 def diff_text(root: Path, old: str, new: str, paths: list[str]) -> str:
     return repo(root).git.diff(*SAFE_DIFF_FLAGS, old, new, "--", *paths)
+
+
+# ---------------------------------------------------------------------------
+# What .git may hold (checked by integrity.py before every run and score)
+
+# Keys .git/config may set: what `git init`, the loop and an ordinary clone write. Anything else
+# (include.path, core.hooksPath, core.fsmonitor, filter/diff drivers, aliases, pagers, ...) is a way to
+# make git run a program or read another file, and is removed.
+_CONFIG_ALLOWED = re.compile(
+    r"^(core\.(repositoryformatversion|filemode|bare|logallrefupdates|ignorecase|precomposeunicode|symlinks|"
+    r"autocrlf|safecrlf|quotepath|compression|loosecompression|bigfilethreshold)"
+    r"|user\.(name|email)|init\.defaultbranch|gc\.(auto|autodetach)|index\.version"
+    r"|branch\..+\.(remote|merge|rebase|description)|remote\..+\.(url|fetch|pushurl|tagopt|prune))$", re.I)
+
+
+def git_config_problems(root: Path | str) -> list[str]:
+    """Keys of .git/config outside the allowed set (empty when clean)."""
+    cfg = Path(root) / ".git" / "config"
+    if cfg.is_symlink():
+        return [".git/config is a symbolic link"]
+    if not cfg.is_file():
+        return []
+    proc = subprocess.run(["git", "config", "--file", str(cfg), "--name-only", "--list"], env=safe_env(),
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        return [f".git/config is unreadable to git: {proc.stderr.strip()[:200]}"]
+    return sorted({k for k in proc.stdout.splitlines() if k and not _CONFIG_ALLOWED.match(k)})
+
+
+def clean_git_config(root: Path | str) -> list[str]:
+    """Remove every key git_config_problems reports (a symlinked .git/config becomes a plain copy of
+    its target first); returns what was removed."""
+    cfg = Path(root) / ".git" / "config"
+    removed = []
+    if cfg.is_symlink():
+        try:
+            text = cfg.read_bytes()
+        except OSError:
+            text = b""
+        cfg.unlink()
+        cfg.write_bytes(text)
+        removed.append("symlink .git/config")
+    for key in git_config_problems(root):
+        subprocess.run(["git", "config", "--file", str(cfg), "--unset-all", key], env=safe_env(),
+                       capture_output=True, stdin=subprocess.DEVNULL)
+        removed.append(key)
+    return removed
+
+
+def git_hook_problems(root: Path | str) -> list[str]:
+    """Files under .git that make git run or reinterpret something: any non-sample hook, a symlinked
+    hooks dir, .git/info/attributes (filters and diff drivers by path)."""
+    git_dir = Path(root) / ".git"
+    out: list[str] = []
+    hooks = git_dir / "hooks"
+    if hooks.is_symlink():
+        out.append(".git/hooks")
+    elif hooks.is_dir():
+        out += sorted(f".git/hooks/{p.name}" for p in hooks.iterdir() if not p.name.endswith(".sample"))
+    attrs = git_dir / "info" / "attributes"
+    if attrs.is_symlink() or (attrs.exists() and (not attrs.is_file() or attrs.read_bytes().strip())):
+        out.append(".git/info/attributes")
+    return out
