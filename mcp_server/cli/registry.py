@@ -64,6 +64,10 @@ for _command in (
     Command("status", "workspace:status", "campaign, best, budget left, recent experiments"),
     Command("export-tsv", "workspace:export_tsv", "results.tsv in autoresearch's columns"),
     Command("report", "workspace:report", "write progress.png, report.md and results.tsv to .loopwright/reports/"),
+    Command("config", "settings:config", "the human's operational settings (budget, schedules, connectors): "
+                                         "show | get KEY | set KEY VALUE | unset KEY | edit"),
+    Command("migrate", "settings:migrate", "move an old workspace's state (.loopwright/state.db, data, runs) out "
+                                           "of the agent's reach; --relink after moving a workspace"),
     # the loop by hand, and the MCP server agents drive it through
     Command("serve", "loop:serve", "run the MCP server (stdio by default)"),
     Command("run-experiment", "loop:run_experiment", "run one experiment by hand (as an agent would)"),

@@ -33,6 +33,8 @@ class Point:
     commit: str
     reason: str = ""
     num_steps: Optional[int] = None
+    paired_gain: Optional[float] = None   # -mean(candidate - reference) over its seed-matched pairs
+    pairs: int = 0
 
 
 @dataclass
@@ -50,6 +52,12 @@ class ReportData:
     budget: dict = field(default_factory=dict)
     sigma_floor: float = 0.0
     baseline_steps: list[int] = field(default_factory=list)
+    sigma_paired: Optional[float] = None   # SD of a paired difference (pooled campaign pairs + prior)
+    paired_dof: int = 0
+    n_pairs: int = 0                       # pairs per candidate (the seed set)
+    mde: Optional[float] = None
+    reference_runs: int = 0
+    replay: Optional[object] = None        # loop.replay.ReplayResult of the latest replay, if one was run
 
     @property
     def n(self) -> int:
@@ -89,7 +97,16 @@ def collect(rows: list[dict], cfg: LoopwrightConfig, tag: str = "", budget: Opti
     for r in rows:
         if r["confirm_of"] is not None and r["status"] == "ok" and r["val_bpb"] is not None:
             confirms.setdefault(r["confirm_of"], []).append(r)
-    sigma = verdictmod.estimate_sigma(baseline, cfg.noise.sigma_floor)
+    sigma = max(cfg.noise.sigma_floor, statistics.stdev(baseline)) if len(baseline) >= 2 else cfg.noise.sigma_floor
+    by_id = {r["id"]: r for r in rows}
+    diffs: dict[int, list[float]] = {}     # comparison (candidate id) -> its paired differences
+    for r in rows:
+        ref = by_id.get(r.get("paired_with")) if r.get("paired_with") else None
+        if (ref and r["status"] == "ok" and ref["status"] == "ok" and r["val_bpb"] is not None
+                and ref["val_bpb"] is not None):
+            diffs.setdefault(r["confirm_of"] or r["id"], []).append(r["val_bpb"] - ref["val_bpb"])
+    sigma_d, dof = verdictmod.pooled_sigma(list(diffs.values()), cfg.noise)
+    n_pairs = cfg.noise.baseline_seeds
     points: list[Point] = []
     for r in rows:
         if r["is_baseline"] or r["confirm_of"] is not None:
@@ -99,7 +116,9 @@ def collect(rows: list[dict], cfg: LoopwrightConfig, tag: str = "", budget: Opti
         tests = [x["test_bpb"] for x in runs if x["test_bpb"] is not None]
         points.append(Point(len(points) + 1, r["id"], r["description"], r["status"], r["verdict"], val,
                             statistics.fmean(tests) if tests else None, len(runs), (r["commit_sha"] or "")[:10],
-                            r["reason"] or r["verdict_reason"] or "", r.get("num_steps")))
+                            r["reason"] or r["verdict_reason"] or "", r.get("num_steps"),
+                            -statistics.fmean(diffs[r["id"]]) if diffs.get(r["id"]) else None,
+                            len(diffs.get(r["id"], []))))
     kept = []
     best_val = statistics.fmean(baseline) if baseline else None
     best: Optional[Point] = None
@@ -109,9 +128,12 @@ def collect(rows: list[dict], cfg: LoopwrightConfig, tag: str = "", budget: Opti
             kept.append((p, p.val_bpb - prev, p.val_bpb - (statistics.fmean(baseline) if baseline else p.val_bpb)))
             best_val, best = p.val_bpb, p
     return ReportData(tag, baseline, baseline_test, sigma,
-                      verdictmod.threshold(sigma, cfg.noise, 1, max(1, len(baseline))), cfg.noise.min_delta,
+                      verdictmod.bar(sigma_d, cfg.noise, n_pairs), cfg.noise.min_delta,
                       cfg.noise.k_sigma, points, kept, best, budget or {}, cfg.noise.sigma_floor,
-                      [r["num_steps"] for r in base_rows if r.get("num_steps") is not None])
+                      [r["num_steps"] for r in base_rows if r.get("num_steps") is not None],
+                      sigma_paired=sigma_d, paired_dof=dof, n_pairs=n_pairs,
+                      mde=verdictmod.mde(sigma_d, cfg.noise, n_pairs),
+                      reference_runs=sum(r.get("role") == "reference" for r in rows))
 
 
 # ---------------------------------------------------------------------------
@@ -266,20 +288,42 @@ def render_markdown(data: ReportData, plot_name: str = "progress.png", tsv_name:
         L.append("")
     L += ["## Noise", "",
           f"- Baseline samples: {', '.join(_f(v) for v in data.baseline) or '—'}",
-          f"- σ (run-to-run SD, floored): {_f(data.sigma, 5)}",
-          f"- Keep threshold for a single run: max(min_delta {data.min_delta}, {data.k_sigma} σ × √(1 + 1/{max(1, n_seeds)}))"
-          f" = **{_f(data.threshold, 5)}**; near the threshold a confirm run on a fresh seed decides.", ""]
+          f"- σ across seeds (unpaired, floored): {_f(data.sigma, 5)}; σ of a paired difference "
+          f"(candidate − reference on the same seed): **{_f(data.sigma_paired, 5)}** ({data.paired_dof} degree(s) of "
+          "freedom from this campaign's pairs, plus the prior).",
+          f"- Paired verdict: a candidate runs on the reference's {data.n_pairs} seeds; keep iff its mean paired gain "
+          f"≥ max(min_delta {data.min_delta}, {data.k_sigma} σ_d / √{data.n_pairs}) = **{_f(data.threshold, 5)}**; near "
+          "the bar a confirm pair on a fresh seed decides.",
+          f"- Minimum detectable effect (kept with 80 % probability): **{_f(data.mde, 4)}** bits/byte: changes expected "
+          "to gain less are not worth a run at this budget."
+          + (f" The best version was re-measured on fresh seed sets {data.reference_runs} time(s) (reference runs)."
+             if data.reference_runs else ""), ""]
     L += ["## Kept changes", ""]
     if data.kept:
-        L += ["| # | experiment | description | val_bpb | Δ vs previous best | Δ vs baseline | runs | steps | commit |",
-              "|---|---|---|---|---|---|---|---|---|"]
+        L += ["| # | experiment | description | val_bpb | paired gain | Δ vs previous best | Δ vs baseline | runs | "
+              "steps | commit |", "|---|---|---|---|---|---|---|---|---|---|"]
         for i, (p, dprev, dbase) in enumerate(data.kept, 1):
-            L.append(f"| {i} | #{p.id} | {_md(p.description)} | {_f(p.val_bpb)} | {_f(dprev, sign=True)} | "
+            L.append(f"| {i} | #{p.id} | {_md(p.description)} | {_f(p.val_bpb)} | {_f(p.paired_gain, sign=True)} "
+                     f"({p.pairs} pairs) | {_f(dprev, sign=True)} | "
                      f"{_f(dbase, sign=True)} | {p.samples} | {p.num_steps if p.num_steps is not None else '—'} | "
                      f"`{p.commit}` |")
     else:
         L.append("None.")
     L.append("")
+    if data.replay is not None:
+        r = data.replay
+        L += [f"## Replay {r.replay}: do the keeps hold on fresh seeds?", "",
+              f"Each kept change and its parent re-run on {r.seeds_per_keep} seed(s) no run had used, interleaved "
+              f"({r.runs} runs, {r.seconds:.0f} s; not counted in the budget). "
+              + ("**Every keep holds.**" if r.all_hold else "**Not every keep holds.**"), "",
+              "| experiment | description | paired gain per seed | mean gain | 95 % interval | outcome |",
+              "|---|---|---|---|---|---|"]
+        for k in r.keeps:
+            per = ", ".join("—" if p.d is None else f"{-p.d:+.4f}" for p in k.pairs)
+            iv = "—" if k.interval is None else f"[{k.interval[0]:+.4f}, {k.interval[1]:+.4f}]"
+            L.append(f"| #{k.experiment_id} | {_md(k.description)} | {per} | {_f(k.gain, sign=True)} | {iv} | "
+                     f"{k.outcome} |")
+        L.append("")
     L += ["## Crashes", ""]
     if data.crashed:
         L += ["| experiment | description | status | reason |", "|---|---|---|---|"]
@@ -340,6 +384,8 @@ def write_report(workspace: Path | str | None = None) -> ReportFiles:
         # budget.check, not Engine.budget: a report must not record events (budget_spent) as a side effect
         status = budgetmod.check(eng.ledger, c["id"], eng.ws.cfg.budget, eng.best(c)[0])
         data = collect(rows, eng.ws.cfg, c["tag"], status.model_dump())
+        from mcp_server.loop.replay import latest
+        data.replay = latest(eng.ledger, c["id"])
         out = eng.ws.reports_dir
         out.mkdir(parents=True, exist_ok=True)
         plot = plot_progress(data, out / "progress.png")
