@@ -7,6 +7,7 @@ Workspaces are real (git, SQLite); the inner experiments of a trial are syntheti
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -239,6 +240,7 @@ def _params(root: Path, level: str):
     from mcp.client.stdio import get_default_environment
     env = get_default_environment()
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    env["LOOPWRIGHT_HOME"] = os.environ["LOOPWRIGHT_HOME"]   # where the test's state directories are
     return StdioServerParameters(command=sys.executable, args=["-m", "mcp_server.cli", "serve", "--level", level,
                                                                "--workspace", str(root)], env=env)
 
@@ -290,3 +292,73 @@ def test_outer_flow_over_the_real_mcp_stdio_servers(ws):
     least = next(m for m in out["list"]["mechanisms"] if m["name"] == "least")
     assert least["status"] == "reverted" and least["trials"][0]["outcome"] == "reverted"
     assert "did not help" in least["trials"][0]["reason"]
+
+
+# --------------------------------------------------------------------------- the real Claude Code
+
+@pytest.mark.realclient
+@pytest.mark.timeout(360)
+def test_claude_code_runs_an_outer_session(tmp_path, small_corpus, monkeypatch):
+    """`launch_session(level="outer")` runs the real Claude Code, driven by a scripted fake model: it
+    reads the trace, proposes a mechanism that validates and activates it. The inner loop's
+    suggest_next then follows its advice; after a trial window without a keep it is reverted."""
+    from e2e_support import h, use_environment
+    from mcp_server.agents.launch import launch_session
+    from realclients.fake_anthropic import FakeAnthropic, ToolUse
+
+    claude = h.require_binary("claude")
+    ws = make_workspace(tmp_path / "ws", small_corpus)
+    add_rows(ws, "kddddddd")
+    t = "mcp__loopwright_outer__"
+    seen: dict = {}
+
+    def result(req, key):
+        res = req.last_tool_results()[0]
+        assert not res.is_error, res.text
+        seen[key] = json.loads(res.text)
+
+    def after_trace(req):
+        result(req, "trace")
+        return ToolUse(t + "mechanism_propose", {"name": "least", "code": GOOD,
+                                                 "rationale": "7 experiments without a keep on one category"})
+
+    def after_propose(req):
+        result(req, "propose")
+        return ToolUse(t + "mechanism_activate", {"name": "least", "window": 3})
+
+    def after_activate(req):
+        result(req, "activate")
+        return "Activated least on a 3-experiment trial."
+
+    script = [ToolUse(t + "trace_read", {"limit": 10}), after_trace, after_propose, after_activate]
+    with FakeAnthropic(script) as fake:
+        env = h.claude_env(tmp_path / "client", fake.url, {"LOOPWRIGHT_CLAUDE_BIN": claude,
+                                                           "LOOPWRIGHT_HOME": os.environ["LOOPWRIGHT_HOME"]})
+        env.pop("IS_SANDBOX", None)
+        use_environment(monkeypatch, env)
+        sid = launch_session(ws.root, "claude", trigger="manual", max_session_minutes=4, level="outer")
+    assert not fake.errors, fake.errors
+    assert fake.turns_served == list(range(len(script))), fake.turns_served
+    assert seen["trace"]["diagnostics"]["current_plateau"] is True
+    assert seen["propose"]["valid"] is True and seen["activate"]["window"] == 3
+
+    with ws.ledger() as led:
+        session = led.session(sid)
+        assert session["exit_code"] == 0 and json.loads(session["detail"])["level"] == "outer"
+        log = json.loads(session["detail"])["log"]
+    events = [json.loads(line) for line in (ws.root / log / "events.jsonl").read_text().splitlines()
+              if line.startswith("{")]   # the log is in the state dir (an absolute path) or the workspace
+    init = next(e for e in events if e.get("subtype") == "init")
+    assert init["mcp_servers"] == [{"name": "loopwright_outer", "status": "connected"}]
+    assert not {"Edit", "Write", "Bash"} & set(init["tools"])   # the outer session edits nothing
+    assert not any(name.startswith("mcp__loopwright__") for name in init["tools"])
+
+    with _engine(ws) as eng:
+        s = suggest(eng)             # the inner loop consults it
+        assert s.decided_by == "least" and s.mechanisms[0].name == "least"
+    add_rows(ws, "ddd")              # its trial window: no keep
+    with _engine(ws) as eng:
+        suggest(eng)
+        row = eng.ledger.mechanism(name="least")
+        assert row["status"] == "reverted" and "did not help" in row["reason"]
+        assert row["author"] == f"session {sid}"

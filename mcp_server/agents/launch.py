@@ -55,7 +55,6 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -64,14 +63,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from mcp_server.common.facts import HOOK_MATCHER, MCP_SERVER, MCP_TOOLS
+from mcp_server.common.procs import kill_group
+
 AGENTS = ("claude", "codex", "builtin")
-MCP_SERVER = "loopwright"
-MCP_TOOLS = ("run_experiment", "score", "revert", "budget_check", "state_read", "note", "suggest_next")
 CLAUDE_TOOLS = ("Read", "Edit", "Write", "Glob", "Grep", "Bash", "TodoWrite")
 CLAUDE_DISALLOWED = ("EnterWorktree",)   # would move the loop's repository onto another branch
-# The same matcher as hooks/hooks.json (a test keeps them equal).
-HOOK_MATCHER = ("Edit|Write|MultiEdit|NotebookEdit|Bash|Read|Grep|Glob|EnterWorktree|apply_patch|shell|"
-                "exec_command|local_shell|write_stdin")
 DEFAULT_MAX_MINUTES = 120.0
 KILL_GRACE_S = 5.0
 TIMEOUT_EXIT = 124
@@ -358,46 +355,6 @@ class _Run:
     stderr_tail: list[str]
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # killpg(0) also succeeds for zombies; look for a live member where /proc exists
-    proc = Path("/proc")
-    if not proc.is_dir():
-        return True
-    for stat in proc.glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if len(fields) > 2 and fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
-            return True
-    return False
-
-
-def kill_group(proc: subprocess.Popen, grace_s: float = KILL_GRACE_S) -> None:
-    """SIGTERM, then SIGKILL, the process group led by proc (started with start_new_session)."""
-    pgid = proc.pid
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        if not _group_alive(pgid):
-            break
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            break
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline and _group_alive(pgid):
-            time.sleep(0.05)
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:  # pragma: no cover - a process that ignores SIGKILL
-        pass
-
-
 def _pump(stream, path: Path, redact: Redactor, on_line: Optional[Callable[[str], None]],
           tail: Optional[list[str]]) -> None:
     with open(path, "w", encoding="utf-8") as out:
@@ -548,6 +505,7 @@ def launch_session(root: Path | str, agent: str, trigger: str = "manual", detail
         eng.close()   # no connection held open for the hours a session may run
 
     env["LOOPWRIGHT_SESSION_ID"] = str(sid)
+    env["LOOPWRIGHT_SESSION_LEVEL"] = level   # the guard's Stop hook does not hold an outer session to the budget
     redact = Redactor(env)
     log_dir = ws.state_dir / SESSIONS_DIR / f"{sid:05d}-{agent}"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -565,7 +523,7 @@ def launch_session(root: Path | str, agent: str, trigger: str = "manual", detail
     sinks = sinks_for(ws.cfg)
     with ws.ledger() as ledger:
         _record_end(ledger, sid, campaign["id"], agent, trigger, start_detail, parser.outcome(), run, error,
-                    log_dir.relative_to(ws.root), redact, sinks)
+                    (log_dir.relative_to(ws.root) if log_dir.is_relative_to(ws.root) else log_dir), redact, sinks)
     if sinks:
         _deliver(ws.root)
     if reraise is not None:

@@ -82,6 +82,8 @@ def _stop_counter_path(policy: Policy, session_id: str) -> Optional[str]:
 
 def run_stop(payload: dict, root: str) -> Optional[dict]:
     """Stop hook for one workspace: the decision, with the idle-block counter kept on disk."""
+    if os.environ.get("LOOPWRIGHT_SESSION_LEVEL") == "outer":
+        return None   # an outer-loop session (launch --level outer) runs no experiments: the budget is not its cue
     status = load_status(root)
     if status is None:
         return None
