@@ -26,6 +26,7 @@ from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 from slack_sdk.webhook import WebhookClient
 
+from mcp_server.notify import approval_blocks
 from mcp_server.notify.fmt import join, keep_deltas, num
 from mcp_server.notify.events import DeliveryError, Event, ledger_uid, redact
 
@@ -35,7 +36,7 @@ _sdk_log = logging.getLogger("loopwright.notify.slack.sdk")
 _sdk_log.setLevel(logging.INFO)
 
 KINDS = frozenset({"keep", "crash_streak", "tamper", "plateau", "budget_spent", "session_end",
-                   "campaign_start", "campaign_end"})
+                   "campaign_start", "campaign_end", "approval_requested", "approval_decided"})
 METADATA_TYPE = "loopwright_event"
 # errors that every later message would hit too: stop the pass instead of burning their attempts
 SINK_WIDE_ERRORS = {"invalid_auth", "not_authed", "token_revoked", "token_expired", "account_inactive",
@@ -170,9 +171,15 @@ class SlackSink:
 
     def deliver(self, event: Event) -> Optional[str]:
         self._now = event.now or time.time()
+        if event.kind == "approval_decided":   # the autonomy slider: update the request's message in place
+            return self._update_request(event)
         if event.kind == "crash_streak" and int(event.payload.get("count") or 0) < self.cfg.crash_streak:
             return "skipped:below-threshold"
-        text, blocks = render(event.kind, event.payload, self._tag(event))
+        if event.kind == "approval_requested":   # the keep message with Approve / Reject buttons
+            text, blocks = approval_blocks.render_request(event.payload, self._tag(event), ledger_uid(self.ledger),
+                                                          _keep)
+        else:
+            text, blocks = render(event.kind, event.payload, self._tag(event))
         if self.webhook is not None:
             return self._send_webhook(text, blocks)
 
@@ -194,6 +201,24 @@ class SlackSink:
         return self._upload_plot(event, ref)
 
     # -- helpers ---------------------------------------------------------------
+    def _update_request(self, event: Event) -> str:
+        """chat.update of the approval request's message: who decided and when, buttons removed."""
+        p = event.payload
+        if self.webhook is not None or p.get("via") == "slack":
+            return "skipped:updated-by-the-click"   # the interactivity route already updated it
+        req = [e for e in self.ledger.events(event.campaign_id, kind="approval_requested")
+               if e["payload"].get("approval_id") == p.get("approval_id")]
+        refs = [d["external_ref"] for d in self.ledger.deliveries("slack")
+                if req and d["event_id"] == req[-1]["id"] and d["external_ref"]]
+        if not refs:
+            return "skipped:no-request-message"
+        channel, ts = refs[0].split(":")[:2]
+        _, blocks = approval_blocks.render_request(req[-1]["payload"], self._tag(event), ledger_uid(self.ledger), _keep)
+        text, blocks = approval_blocks.decided_blocks(blocks, p.get("decision", "?"), str(p.get("by") or "?"),
+                                                      p.get("at"), p.get("note"))
+        self._call("chat.update", self.client.chat_update, channel=channel, ts=ts, text=text, blocks=blocks)
+        return f"{channel}:{ts}:updated"
+
     def _channel_key(self) -> str:
         return f"slack.channel_id.{self.cfg.channel}"
 

@@ -41,6 +41,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from mcp_server.triggers import approval_routes
 from mcp_server.triggers.common import SESSION_LOCK, SessionLock, launch
 
 log = logging.getLogger("loopwright.webhook")
@@ -180,8 +181,9 @@ def create_app(root_or_cfg, start_session: Optional[StartSession] = None, ledger
         cfg, state_dir = ws.cfg, state_dir or ws.state_dir
         ledger = ledger if ledger is not None else ws.ledger()
         start_session = start_session or default_starter(ws.root, cfg)
+        ws_root = ws.root   # approvals (Slack buttons, Jira /approve) need the workspace
     else:
-        cfg = root_or_cfg
+        cfg, ws_root = root_or_cfg, None
         if start_session is None:
             raise ValueError("pass start_session when create_app gets a config instead of a workspace root")
     if state_dir is None and ledger is not None:
@@ -263,7 +265,7 @@ def create_app(root_or_cfg, start_session: Optional[StartSession] = None, ledger
         repo = _obj(p, "repository").get("full_name", "?")
         if event == "push":
             ref = str(p.get("ref", ""))
-            if ref.startswith("refs/heads/loopwright/") or p.get("deleted"):
+            if ref.startswith(("refs/heads/loopwright/", "refs/heads/loopwright-pending/")) or p.get("deleted"):
                 return ignored("push to a loopwright branch (the loop's own) or a branch deletion")
             return respond("github", delivery, "start", f"github push {repo} {ref} {str(p.get('after', ''))[:12]}")
         if event == "workflow_run":
@@ -317,6 +319,11 @@ def create_app(root_or_cfg, start_session: Optional[StartSession] = None, ledger
         if p.get("webhookEvent") != "comment_created":
             return ignored(f"event {p.get('webhookEvent')} does not start sessions")
         comment = _obj(p, "comment")
+        if ws_root is not None and approval_routes.JIRA_COMMAND.match(_str(comment, "comment.body")):
+            # `/approve 12`, `/reject 12 why`: the autonomy slider (approval_routes.py); replays do nothing
+            if not seen.add("jira-approval", delivery):
+                return JSONResponse({"status": "duplicate"})
+            return JSONResponse(dict(approval_routes.jira_comment(ws_root, settings_now(), ledger, p, appliers)))
         cmd, arg = _command(_str(comment, "comment.body"))
         issue = _obj(p, "issue").get("key", "?")
         who = _obj(comment, "author", "comment.author").get("displayName", "?")
@@ -340,6 +347,26 @@ def create_app(root_or_cfg, start_session: Optional[StartSession] = None, ledger
             return JSONResponse({"status": "ok", "text": status_text()})
         raise Reject(400, f"unknown action {action!r}; use start, stop or status")
 
+    async def slack_interactive(request: Request) -> JSONResponse:
+        """Slack's interactivity request (Approve / Reject buttons), signed like a slash command."""
+        body, sig = await verified(request, wh.slack_signing_secret_env, "X-Slack-Signature", slack_signature,
+                                   ts_header="X-Slack-Request-Timestamp")
+        if ws_root is None:
+            raise Reject(503, "approvals need the receiver to serve a workspace: `loopwright webhook -w DIR`")
+        if not seen.add("slack-interactive", sig):    # the signature covers the timestamp: a replay
+            return JSONResponse({"status": "duplicate"})
+        # always 200: Slack shows anything else to the person as an error
+        return JSONResponse(dict(approval_routes.slack_interaction(ws_root, settings_now(), ledger, body, env,
+                                                                    appliers)))
+
+    def settings_now():
+        """The current settings (allow-lists, Slack token variable): changed with `loopwright config set`."""
+        from mcp_server.loop.workspace import Workspace
+
+        return Workspace.open(ws_root).cfg
+
+    appliers: list = []   # background threads applying approved changes (tests join them)
+
     async def healthz(request: Request) -> JSONResponse:
         return JSONResponse({"ok": True, "session_running": runner.running})
 
@@ -354,10 +381,11 @@ def create_app(root_or_cfg, start_session: Optional[StartSession] = None, ledger
 
     app = Starlette(routes=[Route("/github", guarded(github), methods=["POST"]),
                             Route("/slack", guarded(slack), methods=["POST"]),
+                            Route("/slack/interactive", guarded(slack_interactive), methods=["POST"]),
                             Route("/jira", guarded(jira), methods=["POST"]),
                             Route("/hook", guarded(generic), methods=["POST"]),
                             Route("/healthz", healthz, methods=["GET"])])
-    app.state.runner, app.state.seen = runner, seen
+    app.state.runner, app.state.seen, app.state.appliers = runner, seen, appliers
     return app
 
 

@@ -5,7 +5,7 @@ GET /api/conversations.history (with metadata when include_all_metadata),
 /api/files.getUploadURLExternal → upload_url on this server, POST /upload/<id>
 (the bytes), /api/files.completeUploadExternal, /api/files.info (`shares`; file_not_found until completed),
 /api/auth.test, and
-POST /services/<path> for an incoming webhook. `messages` is the channel as a
+POST /services/<path> for an incoming webhook, /api/chat.update. `messages` is the channel as a
 person would see it: what a test asserts on.
 """
 from __future__ import annotations
@@ -23,6 +23,7 @@ class FakeSlack(LoopbackServer):
         super().__init__()
         self.token = token
         self.messages: list[dict] = []          # posted via chat.postMessage or a webhook
+        self.updates: list[dict] = []           # chat.update calls that changed a message
         self.files: dict[str, dict] = {}        # file_id → {data, title, channel, thread_ts, shared}
         self._ts = itertools.count(1)
         self._fid = itertools.count(1)
@@ -81,6 +82,17 @@ class FakeSlack(LoopbackServer):
                "metadata": json.loads(metadata) if isinstance(metadata, str) else metadata}
         self.messages.append(msg)
         return Response(200, {"ok": True, "channel": channel, "ts": ts, "message": {"text": msg["text"]}})
+
+    def _chat_update(self, p) -> Response:
+        """chat.update: the message (by channel and ts) gets the new text and blocks, as Slack shows it."""
+        blocks = p.get("blocks")
+        for m in self.messages:
+            if m.get("channel") == p.get("channel") and m.get("ts") == p.get("ts"):
+                m.update(text=p.get("text"), blocks=json.loads(blocks) if isinstance(blocks, str) else blocks,
+                         edited=True)
+                self.updates.append({"channel": m["channel"], "ts": m["ts"], "text": m["text"]})
+                return Response(200, {"ok": True, "channel": m["channel"], "ts": m["ts"], "text": m["text"]})
+        return Response(200, {"ok": False, "error": "message_not_found"})
 
     def _conversations_history(self, p) -> Response:
         channel = p.get("channel")
