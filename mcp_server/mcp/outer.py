@@ -39,13 +39,17 @@ Do not edit any file. Stop after activating one mechanism or when nothing needs 
 
 
 def build_outer_server(workspace: Path | str) -> MCPServer:
-    from mcp_server.loop.engine import Engine, LoopError
-    from mcp_server.mechanisms import registry, trial
+    """The engine and the mechanisms are imported on the first call: a client lists the tools right
+    after start-up and must not wait for git and the ledger."""
+    from mcp_server.mechanisms.registry import DEFAULT_WINDOW
 
     root = Path(workspace).expanduser().resolve()
     server = MCPServer("loopwright-outer", version=__version__, instructions=INSTRUCTIONS)
 
     def call(fn: Callable[[Any], Any]) -> Any:
+        from mcp_server.loop.engine import Engine, LoopError
+        from mcp_server.mechanisms import registry, trial
+
         try:
             eng = Engine(root, recover=False)
         except Exception as e:
@@ -76,6 +80,7 @@ def build_outer_server(workspace: Path | str) -> MCPServer:
     async def mechanisms_list() -> dict[str, Any]:
         """Built-in and installed search mechanisms: version, status (validated, rejected, active = on trial,
         kept, reverted), why, and each trial's measured effect."""
+        from mcp_server.mechanisms import registry
         return await in_thread(lambda e: {"mechanisms": registry.listing(e.ledger)})
 
     @server.tool(annotations=ro)
@@ -89,18 +94,21 @@ def build_outer_server(workspace: Path | str) -> MCPServer:
         """Validate and install a new mechanism version: static checks (no forbidden imports or calls, the
         advise function), then a sandboxed run (no network, read-only files, time and memory limits) on
         synthetic and the recorded histories; answers must be well formed. Returns valid + reason."""
+        from mcp_server.mechanisms import registry
         return await in_thread(lambda e: registry.propose(e, name, code, rationale, author=_author()).__dict__)
 
     @server.tool(annotations=rw)
     async def mechanism_activate(name: str, version: Optional[int] = None,
-                                 window: int = registry.DEFAULT_WINDOW) -> dict[str, Any]:
+                                 window: int = DEFAULT_WINDOW) -> dict[str, Any]:
         """Put a validated mechanism on trial: it advises suggest_next for the next `window` inner
         experiments, then is kept or reverted automatically. One trial at a time."""
+        from mcp_server.mechanisms import registry
         return await in_thread(lambda e: registry.activate(e, name, version, window, author=_author()))
 
     @server.tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=True, open_world_hint=False))
     async def mechanism_revert(name: str, reason: str) -> dict[str, Any]:
         """Take a mechanism out of use now (ends its trial), recording the reason."""
+        from mcp_server.mechanisms import registry
         return await in_thread(lambda e: registry.revert(e, name, f"reverted by the outer session: {reason}"))
 
     return server
