@@ -84,7 +84,11 @@ def test_markdown_numbers_match_the_ledger():
     assert "| #5 | D_MODEL 128 -> 4096 | crash | train.py exited with code 1 |" in md
     assert "test_bpb: baseline 2.0150 → best 1.9500" in md and "No val/test divergence" in md
     thr = d.threshold
-    assert f"**{thr:.5f}**" in md and thr == pytest.approx(max(0.002, 2 * d.sigma * (1 + 1 / 2) ** 0.5))
+    # paired rule: no recorded pairs here, so sigma_d is the prior; the bar is for the seed set's n pairs
+    n = CFG.noise.baseline_seeds
+    assert d.sigma_paired == pytest.approx(CFG.noise.sigma_prior) and d.paired_dof == 0
+    assert f"**{thr:.5f}**" in md and thr == pytest.approx(max(0.002, 2 * d.sigma_paired / n ** 0.5))
+    assert f"**{d.mde:.4f}** bits/byte" in md
 
 
 def test_markdown_says_plainly_when_nothing_cleared_the_noise():

@@ -300,13 +300,12 @@ def render_markdown(data: ReportData, plot_name: str = "progress.png", tsv_name:
              if data.reference_runs else ""), ""]
     L += ["## Kept changes", ""]
     if data.kept:
-        L += ["| # | experiment | description | val_bpb | paired gain | Δ vs previous best | Δ vs baseline | runs | "
-              "steps | commit |", "|---|---|---|---|---|---|---|---|---|---|"]
+        L += ["| # | experiment | description | val_bpb | Δ vs previous best | Δ vs baseline | runs | steps | commit | "
+              "paired gain (pairs) |", "|---|---|---|---|---|---|---|---|---|---|"]
         for i, (p, dprev, dbase) in enumerate(data.kept, 1):
-            L.append(f"| {i} | #{p.id} | {_md(p.description)} | {_f(p.val_bpb)} | {_f(p.paired_gain, sign=True)} "
-                     f"({p.pairs} pairs) | {_f(dprev, sign=True)} | "
+            L.append(f"| {i} | #{p.id} | {_md(p.description)} | {_f(p.val_bpb)} | {_f(dprev, sign=True)} | "
                      f"{_f(dbase, sign=True)} | {p.samples} | {p.num_steps if p.num_steps is not None else '—'} | "
-                     f"`{p.commit}` |")
+                     f"`{p.commit}` | {_f(p.paired_gain, sign=True)} ({p.pairs}) |")
     else:
         L.append("None.")
     L.append("")
