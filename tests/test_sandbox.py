@@ -1,0 +1,391 @@
+"""The OS boundary: attacks from inside a sandboxed script standing in for train.py or the evaluator,
+and from a planted git configuration against the loop's git calls.
+
+Real bubblewrap, real git, real sockets and processes; the tests skip (with the reason) only where
+bwrap cannot make namespaces on this machine. CI installs it (.ci/run).
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from mcp_server.loop import gitops
+from mcp_server.loop import sandbox
+
+INFO = sandbox.detect()
+needs_bwrap = pytest.mark.skipif(INFO.kind != "bwrap", reason=f"no usable bubblewrap here: {INFO.detail}")
+
+
+# --------------------------------------------------------------------------- a fake workspace + state dir
+
+@pytest.fixture()
+def box(tmp_path):
+    """A workspace, a state dir outside it (val/test/ledger), a train view and a scratch dir."""
+    ws = tmp_path / "ws"
+    (ws / ".git").mkdir(parents=True)
+    (ws / "prepare.py").write_text("FROZEN = True\n")
+    (ws / "train.py").write_text("print('hi')\n")
+    state = tmp_path / "state"
+    data = state / "data"
+    data.mkdir(parents=True)
+    for name in ("train.bin", "val.bin", "test.bin", "meta.json"):
+        (data / name).write_text(f"{name} content\n")
+    (state / "state.db").write_text("ledger\n")
+    scratch = state / "runs" / "00001" / "scratch"
+    (ws / "link_to_ledger").symlink_to(state / "state.db")
+    return {"ws": ws, "state": state, "data": data, "scratch": scratch, "tmp": tmp_path}
+
+
+def run_in_box(b, code: str, *args: str, mode: str = "train", timeout: float = 60, **kw) -> subprocess.CompletedProcess:
+    script = b["tmp"] / "attack.py"
+    script.write_text(textwrap.dedent(code))
+    view = b["ws"] / ".loopwright" / "data"     # where prepare.py looks for the training data
+    files = {str(view / "train.bin"): b["data"] / "train.bin", str(view / "meta.json"): b["data"] / "meta.json"}
+    cmd = sandbox.build_command([sys.executable, str(script), *args], mode=mode, workspace=b["ws"],
+                                hide=[b["state"], b["ws"] / ".loopwright"], scratch=b["scratch"], files=files,
+                                ro_binds=[script], cwd=b["ws"], **kw)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                          env={"PATH": os.environ.get("PATH", ""), "HOME": os.path.expanduser("~")})
+
+
+# --------------------------------------------------------------------------- detection
+
+def test_missing_bubblewrap_is_refused_with_how_to_fix(monkeypatch):
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
+    monkeypatch.setattr(sandbox.sys, "platform", "linux")
+    monkeypatch.delenv(sandbox.UNSAFE_ENV, raising=False)
+    try:
+        info = sandbox.detect(refresh=True)
+        assert info.kind == "none" and not info.available
+        with pytest.raises(sandbox.SandboxUnavailable) as e:
+            sandbox.require()
+        assert "apt-get install bubblewrap" in str(e.value) and "--unsafe-no-sandbox" in str(e.value)
+        assert sandbox.require(unsafe=True).kind == "none"          # the explicit opt-out runs bare
+        assert sandbox.build_command(["true"], info=info) == ["true"]
+        monkeypatch.setenv(sandbox.UNSAFE_ENV, "1")
+        ok, line = sandbox.mode_line()
+        assert not ok and "UNSAFE" in line
+    finally:
+        sandbox._CACHE.clear()
+
+
+def test_unusable_namespaces_are_reported(monkeypatch, tmp_path):
+    fake = tmp_path / "bwrap"
+    fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name: str(fake))
+    monkeypatch.setattr(sandbox.sys, "platform", "linux")
+    try:
+        info = sandbox.detect(refresh=True)
+        assert info.kind == "none" and "No permissions to create new namespace" in info.detail
+    finally:
+        sandbox._CACHE.clear()
+
+
+@needs_bwrap
+def test_doctor_line_names_bubblewrap():
+    ok, line = sandbox.mode_line()
+    assert ok and "bubblewrap" in line
+
+
+# --------------------------------------------------------------------------- attacks from train.py
+
+@needs_bwrap
+def test_double_forked_setsid_daemon_dies_with_the_run(box):
+    marker = box["scratch"] / "daemon_alive"
+    pidfile = box["scratch"] / "daemon_pid"
+    res = run_in_box(box, f"""
+        import os, time
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                open({str(pidfile)!r}, "w").write(str(os.getpid()))
+                time.sleep(2)
+                open({str(marker)!r}, "w").write("still here")
+                time.sleep(60)
+                os._exit(0)
+            os._exit(0)
+        time.sleep(0.5)
+        print("parent exits")
+    """)
+    assert res.returncode == 0 and "parent exits" in res.stdout, res.stderr
+    assert pidfile.is_file()             # the daemon did start
+    time.sleep(3)
+    assert not marker.exists()           # ... and was gone before it could act
+
+
+@needs_bwrap
+def test_no_network_not_even_loopback(box):
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    res = run_in_box(box, """
+        import socket, sys
+        try:
+            socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=3)
+            print("CONNECTED")
+        except OSError as e:
+            print("refused", e)
+        try:
+            socket.create_connection(("1.1.1.1", 443), timeout=3)
+            print("INTERNET")
+        except OSError as e:
+            print("no internet", e)
+    """, str(srv.getsockname()[1]))
+    srv.setblocking(False)
+    with pytest.raises(BlockingIOError):      # nobody reached the host's listening socket
+        srv.accept()
+    srv.close()
+    assert "refused" in res.stdout and "no internet" in res.stdout, res.stdout + res.stderr
+    assert "CONNECTED" not in res.stdout
+
+
+@needs_bwrap
+def test_unix_socket_of_the_host_is_unreachable(box, tmp_path):
+    path = tmp_path / "agent.sock"        # like ssh-agent or docker.sock under /tmp or /run
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(str(path))
+    srv.listen()
+    res = run_in_box(box, f"""
+        import socket
+        s = socket.socket(socket.AF_UNIX)
+        try:
+            s.connect({str(path)!r}); print("CONNECTED")
+        except OSError as e:
+            print("no socket", e)
+    """)
+    srv.close()
+    assert "no socket" in res.stdout, res.stdout + res.stderr
+
+
+@needs_bwrap
+def test_hidden_data_and_the_ledger_are_invisible(box):
+    res = run_in_box(box, f"""
+        import json, os
+        out = {{}}
+        for p in {[str(box['data'] / n) for n in ('val.bin', 'test.bin')] + [str(box['state'] / 'state.db')]!r} + [
+                {str(box['ws'] / 'link_to_ledger')!r}, {str(box['ws'] / '.loopwright/data/val.bin')!r}]:
+            try:
+                out[p] = open(p).read()
+            except OSError as e:
+                out[p] = "ERR " + type(e).__name__
+        out["train"] = open({str(box['ws'] / '.loopwright/data/train.bin')!r}).read()
+        out["listing"] = sorted(os.listdir({str(box['ws'] / '.loopwright/data')!r}))
+        print(json.dumps(out))
+    """)
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out.pop("train") == "train.bin content\n"            # the training split is there
+    assert out.pop("listing") == ["meta.json", "train.bin"]
+    assert all(v.startswith("ERR") for v in out.values()), out
+
+
+@needs_bwrap
+def test_writes_outside_scratch_fail_or_stay_private(box, tmp_path):
+    import site
+    home = Path(os.path.expanduser("~"))
+    host_tmp = Path("/tmp") / f"loopwright-sandbox-test-{os.getpid()}"
+    site_pth = Path(site.getsitepackages()[0]) / "zz_loopwright_attack.pth"
+    targets = {"prepare": box["ws"] / "prepare.py", "train": box["ws"] / "train.py",
+               "new_ws_file": box["ws"] / "planted.py", "gitconfig": home / ".gitconfig.loopwright-test",
+               "pth": site_pth, "host_tmp": host_tmp, "ledger": box["state"] / "state.db",
+               "git_hook": box["ws"] / ".git" / "hooks" / "pre-commit"}
+    before = {k: (p.read_bytes() if p.exists() else None) for k, p in targets.items()}
+    paths = {k: str(v) for k, v in targets.items()}
+    res = run_in_box(box, f"""
+        import json, os
+        out = {{}}
+        for name, p in {paths!r}.items():
+            try:
+                os.makedirs(os.path.dirname(p), exist_ok=True)
+                with open(p, "w") as f:
+                    f.write("import os; os.system('echo pwned')\\n")
+                out[name] = "written"
+            except OSError as e:
+                out[name] = "ERR " + type(e).__name__
+        open({str(box['scratch'] / 'ok.txt')!r}, "w").write("scratch works")
+        print(json.dumps(out))
+    """)
+    assert res.returncode == 0, res.stderr
+    for k, p in targets.items():
+        assert (p.read_bytes() if p.exists() else None) == before[k], f"{k} changed on the host"
+    assert (box["scratch"] / "ok.txt").read_text() == "scratch works"
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["prepare"].startswith("ERR") and out["train"].startswith("ERR") and out["pth"].startswith("ERR")
+
+
+@needs_bwrap
+def test_memory_limit_is_enforced_from_outside(box):
+    code = """
+        try:
+            blob = bytearray(3 << 30)
+            print("ALLOCATED")
+        except MemoryError:
+            print("MemoryError")
+    """
+    script = box["tmp"] / "mem.py"
+    script.write_text(textwrap.dedent(code))
+    cmd = sandbox.build_command([sys.executable, str(script)], workspace=box["ws"], hide=[box["state"]],
+                                ro_binds=[script], env={"CUDA_VISIBLE_DEVICES": ""})
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=60,
+                         preexec_fn=sandbox.limits(1 << 30, gpu=False))
+    assert "MemoryError" in res.stdout, res.stdout + res.stderr
+
+
+# --------------------------------------------------------------------------- the evaluator's inputs
+
+def test_fifo_symlink_and_directory_are_refused_as_the_model(tmp_path):
+    fifo = tmp_path / "model.pt2"
+    os.mkfifo(fifo)
+    t0 = time.monotonic()
+    with pytest.raises(sandbox.UnsafeFile, match="FIFO"):
+        sandbox.copy_regular_file(fifo, tmp_path / "copy1")
+    assert time.monotonic() - t0 < 5                     # refused, not blocked on a writer
+    secret = tmp_path / "secret"
+    secret.write_text("val data")
+    link = tmp_path / "link.pt2"
+    link.symlink_to(secret)
+    with pytest.raises(sandbox.UnsafeFile, match="symbolic link"):
+        sandbox.copy_regular_file(link, tmp_path / "copy2")
+    with pytest.raises(sandbox.UnsafeFile, match="directory"):
+        sandbox.copy_regular_file(tmp_path, tmp_path / "copy3")
+    big = tmp_path / "big.pt2"
+    big.write_bytes(b"x" * 2048)
+    with pytest.raises(sandbox.UnsafeFile, match="limit"):
+        sandbox.copy_regular_file(big, tmp_path / "copy4", max_bytes=1024)
+
+
+def test_eval_dir_is_private_and_holds_a_hashed_copy(tmp_path):
+    import hashlib
+    model = tmp_path / "model.pt2"
+    model.write_bytes(os.urandom(5000))
+    d = sandbox.make_eval_dir({"prepare.py": b"print(1)\n", "loopwright.toml": b"[benchmark]\n"}, model)
+    try:
+        assert (d.path.stat().st_mode & 0o777) == 0o700
+        assert d.prepare.read_bytes() == b"print(1)\n"
+        assert d.model_sha256 == hashlib.sha256(model.read_bytes()).hexdigest() and d.model_bytes == 5000
+        model.write_bytes(b"changed after the copy")       # the evaluator reads the private copy
+        assert hashlib.sha256(d.model.read_bytes()).hexdigest() == d.model_sha256
+    finally:
+        d.cleanup()
+    assert not d.path.exists()
+    fifo = tmp_path / "fifo.pt2"
+    os.mkfifo(fifo)
+    before = set(Path(d.path.parent).glob("loopwright-eval-*"))
+    with pytest.raises(sandbox.UnsafeFile):
+        sandbox.make_eval_dir({"prepare.py": b""}, fifo)
+    assert set(Path(d.path.parent).glob("loopwright-eval-*")) == before    # nothing left behind
+
+
+@needs_bwrap
+def test_planted_json_py_and_pth_in_site_packages_do_not_run_in_the_evaluator(box, tmp_path):
+    """The evaluator's bootstrap: stdlib first, site dirs last, no .pth processing."""
+    planted = tmp_path / "site"
+    planted.mkdir()
+    marker = tmp_path / "PTH_RAN"
+    (planted / "json.py").write_text("raise SystemExit('planted json imported')\n")
+    (planted / "evil.pth").write_text(f"import os; open({str(marker)!r}, 'w').write('x')\n")
+    (planted / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'w').write('x')\n")
+    (planted / "only_here.py").write_text("VALUE = 42\n")    # site dirs are still importable
+    model = tmp_path / "model.pt2"
+    model.write_bytes(b"weights")
+    script = b"import json, sys, only_here\nprint(json.dumps({'json': json.__file__, 'v': only_here.VALUE}))\n"
+    d = sandbox.make_eval_dir({"prepare.py": script}, model)
+    try:
+        code = sandbox.eval_bootstrap(d.prepare, ["evaluate", str(d.model)], [str(planted)])
+        cmd = sandbox.build_command([sys.executable, "-I", "-S", "-c", code], mode="eval",
+                                    workspace=box["ws"], hide=[box["state"]], ro_binds=[d.path, planted],
+                                    cwd=d.path)
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    finally:
+        d.cleanup()
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["v"] == 42 and not out["json"].startswith(str(planted)), out
+    assert not marker.exists()
+
+
+# --------------------------------------------------------------------------- git
+
+def _git(root, *args, env=None):
+    return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, env=env)
+
+
+@pytest.fixture()
+def attacked_repo(tmp_path, monkeypatch):
+    """A workspace repo with every program-running git setting an attacker can plant."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    root = tmp_path / "ws"
+    root.mkdir()
+    (root / "train.py").write_text("a = 1\n")
+    pinned = gitops.init_repo_and_pin(root, "pin")
+    gitops.create_branch(root, "loopwright/t", pinned)
+    marker = tmp_path / "PWNED"
+    evil = tmp_path / "evil.sh"
+    evil.write_text(f"#!/bin/sh\necho \"$0 $*\" >> {marker}\nexit 0\n")
+    evil.chmod(0o755)
+    hooks_elsewhere = tmp_path / "hooks"
+    hooks_elsewhere.mkdir()
+    for d in (root / ".git" / "hooks", hooks_elsewhere):
+        d.mkdir(exist_ok=True)
+        for h in ("pre-commit", "commit-msg", "post-commit", "post-checkout", "reference-transaction",
+                  "post-index-change", "pre-auto-gc"):
+            (d / h).write_text(evil.read_text())
+            (d / h).chmod(0o755)
+    (home / ".gitconfig").write_text(f"[core]\n\thooksPath = {hooks_elsewhere}\n\tfsmonitor = {evil}\n"
+                                     f"\tpager = {evil}\n[diff]\n\texternal = {evil}\n")
+    with open(root / ".git" / "config", "a") as f:
+        f.write(f"[core]\n\tfsmonitor = {evil}\n\thooksPath = {hooks_elsewhere}\n[diff]\n\texternal = {evil}\n"
+                f"[diff \"x\"]\n\ttextconv = {evil}\n[filter \"x\"]\n\tclean = {evil}\n\tsmudge = {evil}\n"
+                f"[alias]\n\tst = !{evil}\n")
+    (root / ".git" / "info").mkdir(exist_ok=True)
+    (root / ".git" / "info" / "attributes").write_text("* diff=x filter=x\n")
+    # the planted settings are live: a plain git status runs them
+    _git(root, "status")
+    assert marker.exists(), "the attack setup should run evil.sh under a plain git"
+    marker.unlink()
+    return root, pinned, marker
+
+
+def test_planted_hooks_fsmonitor_filters_and_gitconfig_do_not_run_in_loop_git_calls(attacked_repo):
+    root, pinned, marker = attacked_repo
+    (root / "train.py").write_text("a = 2\n")
+    assert gitops.is_dirty(root)
+    assert gitops.changed_paths(root) == (["train.py"], [])
+    sha, _ = gitops.commit_editable(root, ["train.py"], ".loopwright", "experiment")
+    assert sha and gitops.diff_stats(root, pinned, sha, "train.py") == (1, 1)
+    assert "+a = 2" in gitops.diff_text(root, pinned, sha, ["train.py"])
+    gitops.checkout_files(root, pinned, ["train.py"])
+    gitops.move_branch(root, sha)
+    gitops.reset_to(root, pinned)
+    assert gitops.verified_blob_bytes(root, sha, "train.py") == b"a = 2\n"
+    assert (root / "train.py").read_text() == "a = 1\n"
+    assert not marker.exists(), marker.read_text()
+
+
+def test_git_config_and_hooks_problems_are_found_and_cleaned(attacked_repo):
+    root, _, marker = attacked_repo
+    problems = gitops.git_config_problems(root)
+    assert {"core.fsmonitor", "core.hookspath", "diff.external", "filter.x.clean", "alias.st"} <= set(problems)
+    assert "core.bare" not in problems and "user.name" not in problems
+    hooks = gitops.git_hook_problems(root)
+    assert ".git/hooks/pre-commit" in hooks and ".git/info/attributes" in hooks
+    removed = gitops.clean_git_config(root)
+    assert set(problems) <= set(removed) and gitops.git_config_problems(root) == []
+    assert _git(root, "config", "user.name").stdout.strip() == "loopwright"   # the identity stays
+
+
+def test_fresh_workspace_repo_has_no_hooks_and_a_clean_config(tmp_path):
+    root = tmp_path / "ws"
+    root.mkdir()
+    (root / "train.py").write_text("x = 1\n")
+    gitops.init_repo_and_pin(root, "pin")
+    assert gitops.git_config_problems(root) == [] and gitops.git_hook_problems(root) == []
