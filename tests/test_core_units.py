@@ -58,6 +58,10 @@ def test_ledger_wal_and_migrations(tmp_path):
         raw.execute(f"DROP INDEX {name}")
     raw.execute("ALTER TABLE deliveries DROP COLUMN claimed_by")    # undo migration 5
     raw.execute("ALTER TABLE deliveries DROP COLUMN lease_until")
+    raw.execute("DROP TABLE replays")                                # undo migration 6 (paired runs)
+    raw.execute("DROP INDEX experiments_commit")
+    for col in ("role", "paired_with", "seed_set"):
+        raw.execute(f"ALTER TABLE experiments DROP COLUMN {col}")
     raw.execute("PRAGMA user_version = 1")
     raw.commit()
     raw.close()
@@ -109,35 +113,35 @@ def test_outbox_delivery_lifecycle(tmp_path):
 NOISE = NoiseConfig(k_sigma=2.0, min_delta=0.001, sigma_floor=0.0005, retest_band=0.5, max_confirms=2)
 
 
-def test_sigma_estimate_has_a_floor():
-    assert verdict.estimate_sigma([1.0], 0.002) == 0.002
-    assert verdict.estimate_sigma([1.0, 1.0, 1.0], 0.002) == 0.002
-    assert verdict.estimate_sigma([1.0, 1.02, 0.98], 0.002) == pytest.approx(0.02)
+def test_paired_sigma_has_a_floor():
+    floor = NoiseConfig(sigma_prior=0.0, prior_pairs=0, sigma_floor=0.002)
+    assert verdict.pooled_sigma([[0.01]], floor)[0] == 0.002               # one pair: no spread to measure
+    assert verdict.pooled_sigma([[0.01, 0.01, 0.01]], floor)[0] == 0.002   # agreeing pairs are not zero noise
+    assert verdict.pooled_sigma([[0.0, 0.02, -0.02]], floor)[0] == pytest.approx(0.02)
 
 
 def test_keep_discard_retest_bands():
-    sigma = 0.01  # threshold for 1 run vs 3 baseline runs: 2 * 0.01 * sqrt(1 + 1/3) = 0.02309
-    bar = verdict.threshold(sigma, NOISE, 1, 3)
-    assert bar == pytest.approx(0.0230940, rel=1e-4)
-    assert verdict.decide([2.0 - 0.03], 2.0, 3, sigma, NOISE).kind == "keep"
-    assert verdict.decide([2.0 - 0.015], 2.0, 3, sigma, NOISE).kind == "retest"
-    assert verdict.decide([2.0 - 0.005], 2.0, 3, sigma, NOISE).kind == "discard"
-    assert verdict.decide([2.0 + 0.05], 2.0, 3, sigma, NOISE).kind == "discard"
+    sigma = 0.01  # bar with 2 pairs: 2 * 0.01 / sqrt(2) = 0.014142
+    bar = verdict.bar(sigma, NOISE, 2)
+    assert bar == pytest.approx(0.0141421, rel=1e-4)
+    assert verdict.decide([-0.02, -0.02], sigma, NOISE, 2).kind == "keep"
+    assert verdict.decide([-0.01, -0.01], sigma, NOISE, 2).kind == "retest"
+    assert verdict.decide([-0.004, -0.004], sigma, NOISE, 2).kind == "discard"
+    assert verdict.decide([+0.01, +0.01], sigma, NOISE, 2).kind == "discard"
 
 
-def test_confirm_runs_tighten_the_bar_and_are_bounded():
+def test_confirm_pairs_tighten_the_bar_and_are_bounded():
     sigma = 0.01
-    # 0.02 gain: retest on one run, keep when two runs agree (bar shrinks with n)
-    assert verdict.decide([1.98], 2.0, 3, sigma, NOISE).kind == "retest"
-    assert verdict.decide([1.98, 1.98], 2.0, 3, sigma, NOISE).kind == "keep"
-    # a lucky first run that the confirm does not reproduce is discarded
-    assert verdict.decide([1.98, 2.0], 2.0, 3, sigma, NOISE).kind == "retest"  # mean gain 0.01 >= half the bar
-    assert verdict.decide([1.985, 2.0, 1.995], 2.0, 3, sigma, NOISE).kind == "discard"  # confirms exhausted
+    # mean gain 0.012: retest on 2 pairs, keep when a confirm pair agrees (the bar shrinks with n)
+    assert verdict.decide([-0.012, -0.012], sigma, NOISE, 2).kind == "retest"
+    assert verdict.decide([-0.012, -0.012, -0.012], sigma, NOISE, 2, n_confirms=1).kind == "keep"
+    # a lucky start that the confirm pair does not reproduce is discarded once confirms are exhausted
+    assert verdict.decide([-0.012, -0.012, 0.0, 0.0], sigma, NOISE, 2, n_confirms=2).kind == "discard"
 
 
 def test_min_delta_dominates_when_noise_is_tiny():
     noise = NoiseConfig(k_sigma=2.0, min_delta=0.01, sigma_floor=0.0)
-    assert verdict.decide([1.995], 2.0, 3, 1e-6, noise).kind != "keep"
+    assert verdict.decide([-0.005, -0.005], 1e-6, noise, 2).kind != "keep"
 
 
 def test_seed_only_changes_are_detected():
