@@ -389,3 +389,25 @@ def test_fresh_workspace_repo_has_no_hooks_and_a_clean_config(tmp_path):
     (root / "train.py").write_text("x = 1\n")
     gitops.init_repo_and_pin(root, "pin")
     assert gitops.git_config_problems(root) == [] and gitops.git_hook_problems(root) == []
+
+
+def test_integrity_check_catches_and_removes_planted_git_config_and_hooks(tmp_path, small_corpus):
+    from conftest import make_workspace
+    from mcp_server.loop import integrity
+
+    ws = make_workspace(tmp_path / "ws", small_corpus)
+    pinned = gitops.root_commit(ws.root)
+    assert integrity.check(ws, pinned) == []
+    hook = ws.root / ".git" / "hooks" / "post-checkout"
+    hook.parent.mkdir(exist_ok=True)
+    hook.write_text("#!/bin/sh\ntouch /tmp/pwned\n")
+    hook.chmod(0o755)
+    with open(ws.root / ".git" / "config", "a") as f:
+        f.write("[core]\n\tfsmonitor = /tmp/evil.sh\n[include]\n\tpath = ../evil.config\n")
+    mism = integrity.check(ws, pinned)
+    assert {(m.kind, m.path) for m in mism} >= {("githook", ".git/hooks/post-checkout"), ("gitconfig", ".git/config")}
+    assert any("core.fsmonitor" in m.detail for m in mism) and any("include.path" in m.detail for m in mism)
+    actions = integrity.restore(ws, pinned, mism)
+    assert integrity.restored(mism, actions), actions
+    assert integrity.check(ws, pinned) == [] and not hook.exists()
+    assert list(ws.tamper_dir.glob("*/.git/hooks/post-checkout"))      # the evidence is kept

@@ -29,7 +29,7 @@ from mcp_server.loop.workspace import LOCK_NAME, Workspace, prepare_data
 @dataclass(frozen=True)
 class Mismatch:
     path: str
-    kind: str          # "file" | "missing" | "config" | "data" | "git"
+    kind: str          # "file" | "missing" | "config" | "data" | "git" | "pin" | "gitconfig" | "githook"
     detail: str
 
 
@@ -119,6 +119,17 @@ def _check(ws: Workspace, pinned: str) -> list[Mismatch]:
             out.append(Mismatch(f"data/{name}", "data", "data file is missing"))
         elif _cached_sha(path) != digest:
             out.append(Mismatch(f"data/{name}", "data", "data file hash changed"))
+    out += check_git_dir(ws)
+    return out
+
+
+def check_git_dir(ws: Workspace) -> list[Mismatch]:
+    """.git/config keys and .git files that could make git run a program (the loop's git calls ignore
+    them anyway: gitops hardens every call; this catches the attempt and removes it)."""
+    out = [Mismatch(".git/config", "gitconfig", f"{key} is not allowed in .git/config")
+           for key in gitops.git_config_problems(ws.root)]
+    out += [Mismatch(rel, "githook", "git hooks and attributes are not allowed in the workspace")
+            for rel in gitops.git_hook_problems(ws.root)]
     return out
 
 
@@ -146,6 +157,21 @@ def restore(ws: Workspace, pinned: str, mismatches: list[Mismatch]) -> list[str]
             path.unlink()
         path.write_bytes(gitops.verified_blob_bytes(ws.root, pinned, m.path))
         done.append(f"restored {m.path} from the pinned commit")
+    if any(m.kind == "gitconfig" for m in mismatches):
+        cfg = ws.root / ".git" / "config"
+        evidence.mkdir(parents=True, exist_ok=True)
+        if cfg.exists():
+            shutil.copyfile(cfg, evidence / "git-config")
+        removed = gitops.clean_git_config(ws.root)
+        done.append(f"removed {', '.join(removed)} from .git/config")
+    for m in (m for m in mismatches if m.kind == "githook"):
+        path = ws.root / m.path
+        (evidence / m.path).parent.mkdir(parents=True, exist_ok=True)
+        if path.is_symlink():
+            path.unlink()
+        elif path.exists():
+            shutil.move(str(path), str(evidence / m.path))   # kept for a human to look at
+        done.append(f"removed {m.path}")
     if any(m.kind == "data" for m in mismatches):
         done.append(_rebuild_data(ws, pinned))
     if files:
