@@ -12,7 +12,11 @@ from mcp_server.cli.registry import COMMANDS, add_workspace_arg, chosen_command
 # Errors whose message is for the user (no traceback): (module, class). Looked up only in modules
 # the command already imported, so a command that never touched the engine does not import it here.
 _USER_ERRORS = (("mcp_server.loop.engine", "LoopError"), ("mcp_server.loop.config", "ConfigError"),
-                ("mcp_server.loop.workspace", "WorkspaceError"))
+                ("mcp_server.loop.workspace", "WorkspaceError"), ("mcp_server.loop.sandbox", "SandboxUnavailable"))
+
+
+# Commands that run experiments (directly or through an agent's MCP server) take --unsafe-no-sandbox.
+UNSAFE_COMMANDS = ("serve", "run-experiment", "run", "demo")
 
 
 def build_parser(argv: Optional[list[str]] = None, full: bool = False) -> argparse.ArgumentParser:
@@ -27,6 +31,10 @@ def build_parser(argv: Optional[list[str]] = None, full: bool = False) -> argpar
         sp = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
         if cmd.workspace:
             add_workspace_arg(sp)
+        if cmd.name in UNSAFE_COMMANDS:
+            sp.add_argument("--unsafe-no-sandbox", action="store_true",
+                            help="DANGEROUS: run train.py and the evaluator without an OS sandbox when none can "
+                                 "be made (agent-written code could then forge results); warned and recorded")
         if full or cmd.name == chosen:
             builder = cmd.args_builder()
             if builder is not None:
@@ -41,6 +49,9 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 def main(argv: Optional[list[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(argv).parse_args(argv)
+    if getattr(args, "unsafe_no_sandbox", False):
+        from mcp_server.loop import sandbox   # sets LOOPWRIGHT_UNSAFE_NO_SANDBOX for this process and its children
+        sandbox.allow_unsafe()
     try:
         return COMMANDS[args.command].handler()(args) or 0
     except KeyboardInterrupt:
