@@ -160,3 +160,50 @@ def test_the_agent_may_stop_when_enough_keeps_wait(ws):
     assert st["should_stop"] is True and "wait for a person" in st["reason"] and st["waiting_approvals"] == [1, 2]
     approvals.decide(ws.root, 2, False, "ana", "cli", "no")
     assert loop_status(ws.root)["should_stop"] is False
+
+
+@pytest.mark.parametrize("command", ["loopwright approve 1", "loopwright -w . reject 1 --why no",
+                                     "python -m mcp_server.cli approve --apply", "uv run loopwright approve 2"])
+def test_the_agent_cannot_decide(tmp_path, command):
+    from mcp_server.guard.policy import policy_from_config
+    from mcp_server.guard.pretooluse import decide_pre_tool_use
+    from mcp_server.loop.config import PathsConfig
+
+    (tmp_path / "loopwright.toml").write_text("")
+    policy = policy_from_config(tmp_path, PathsConfig())
+    d = decide_pre_tool_use({"hook_event_name": "PreToolUse", "tool_name": "Bash", "cwd": str(tmp_path),
+                             "tool_input": {"command": command}}, policy)
+    assert not d.allow and "never decides" in d.reason, d.reason
+
+
+async def test_no_mcp_tool_decides(ws):
+    from mcp import Client
+
+    from mcp_server.mcp.server import build_server
+
+    async with Client(build_server(ws.root)) as client:
+        names = [t.name for t in (await client.list_tools()).tools]
+    assert names and not [n for n in names if any(w in n for w in ("approv", "reject", "decide"))], names
+
+
+def test_cli_approve_reject_and_status(ws, capsys):
+    from mcp_server.cli.main import main
+
+    exp1, _, _ = held_keep(ws, lr="0.005", desc="first")
+    held_keep(ws, lr="0.006", desc="second")
+    assert main(["status", "-w", str(ws.root)]) == 0
+    out = capsys.readouterr().out
+    assert "waiting for a person" in out and "#1 pending" in out and "#2 pending" in out
+    assert main(["reject", "2", "-w", str(ws.root), "--why", "too risky", "--by", "ana"]) == 0
+    assert main(["approve", "1", "-w", str(ws.root), "--by", "ana"]) == 0
+    out = capsys.readouterr().out
+    assert "approval #2 rejected by ana: too risky" in out and "#1: applied" in out
+    assert main(["approve", "1", "-w", str(ws.root), "--by", "bob"]) == 1          # decided once
+    assert "already decided: applied by ana via cli" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["reject", "1", "-w", str(ws.root)])                                   # --why is required
+    assert main(["approve", "9", "-w", str(ws.root)]) == 2
+    with Engine(ws.root) as eng:
+        assert eng.campaign["best_commit"] == exp1["commit_sha"]
+        assert [(a["id"], a["status"], a["decided_by"]) for a in eng.ledger.approvals()] == [
+            (1, "applied", "ana"), (2, "rejected", "ana")]

@@ -75,6 +75,9 @@ for _command in (
     Command("revert", "loop:revert", "reset train.py to the best (or a given) version"),
     Command("budget", "loop:budget", "remaining budget and should_stop"),
     Command("stop", "loop:stop", "ask the loop to stop at the next budget check"),
+    Command("approve", "mcp_server.cli.approvals:approve", "approve a change that waits (autonomy approve-keeps / "
+                                                           "approve-runs) and apply it; --apply retries"),
+    Command("reject", "mcp_server.cli.approvals:reject", "reject a change that waits: reject ID --why REASON"),
     Command("replay", "mcp_server.cli.replay:replay", "re-run each kept change against its parent on fresh "
                                                       "seeds, interleaved, and say whether it holds"),
     Command("mechanisms", "mcp_server.cli.mechanisms:mechanisms", "search mechanisms: list, propose FILE, "

@@ -42,12 +42,18 @@ def status(args) -> int:
     with open_engine(args) as eng:
         s, b = eng.summary(), eng.budget()
         rows = eng.recent_experiments(args.limit)
+        from mcp_server.cli.approvals import waiting_lines   # the autonomy slider: what waits on a person
+        waiting = waiting_lines(eng)
         if args.json:
-            print(json.dumps({"summary": s.model_dump(), "budget": b.model_dump(),
+            print(json.dumps({"summary": s.model_dump(), "budget": b.model_dump(), "waiting_approvals": waiting,
                               "recent": [{k: r[k] for k in ("id", "description", "status", "verdict", "val_bpb")}
                                          for r in rows]}, indent=2))
             return 0
         _print_status(s, b, rows)
+        if waiting:
+            print("waiting for a person (`loopwright approve ID`, `loopwright reject ID --why ...`):")
+            for line in waiting:
+                print(f"  {line}")
         return 0
 
 

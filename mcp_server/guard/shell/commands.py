@@ -230,6 +230,8 @@ def _perl_like(lang: str):
 # The loopwright CLI is the human's: the agent works through the MCP tools. These read-only
 # commands show nothing hidden (no test split scores), so they stay allowed.
 _AGENT_CLI = {"status", "budget", "doctor", "--help", "-h", "--version"}
+# Decisions on waiting changes (the autonomy slider) belong to a person, never to the agent.
+_HUMAN_DECISIONS = {"approve", "reject"}
 
 
 def _loopwright_cli(module: str, rest: list):
@@ -248,6 +250,10 @@ def _loopwright_cli(module: str, rest: list):
             words.append(t)
         i += 1
     sub = words[0] if words else "--help"
+    if sub in _HUMAN_DECISIONS:
+        raise Denied(f"`loopwright {sub}` decides a change that waits for a person's approval; the agent never "
+                     "decides it. Keep working from the current best; the Stop hook lets you stop when "
+                     "everything waits on a person.")
     if sub not in _AGENT_CLI:
         raise Denied(f"`loopwright {sub}` is for the person running the loop (it can reveal the hidden test "
                      "split or change the campaign). Use the MCP tools: state_read, run_experiment, score, "
