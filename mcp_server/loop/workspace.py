@@ -652,7 +652,8 @@ def migrate_workspace(directory: Path | str) -> list[str]:
         raise WorkspaceError("an experiment is running in this workspace; migrate when it has finished "
                              "(stop the MCP server / agent session first)")
     try:
-        wid, state = create_state_dir(root)
+        locked = lock_workspace_id(root)     # a workspace whose lock already names its id keeps it
+        wid, state = create_state_dir(root, locked if locked and not state_dir_for(locked).exists() else None)
         done: list[str] = [f"created the state directory {state} (0700)"]
         try:
             src = sqlite3.connect(local / "state.db")
