@@ -54,6 +54,11 @@ def session_summary(root: Path | str) -> str:
                  f"(baseline {s.baseline_val_bpb}); {s.experiments} experiments, {s.kept} kept, {s.crashed} failed.",
                  f"Budget: {b.experiments_left} experiments, {b.hours_left} h, ${b.cost_left_usd} left; "
                  f"should_stop={b.should_stop}."]
+        if b.mde is not None:
+            lines.append(f"Noise: candidates run on the best version's {b.runs_per_experiment} seeds and are judged on "
+                         f"paired differences (sigma_d {b.sigma_paired:.4f}); a keep needs a mean paired gain of "
+                         f"{b.keep_threshold:.4f}; minimum detectable effect ~{b.mde:.4f} bits/byte: try changes "
+                         "you expect to gain at least that much.")
         recent = eng.ledger.experiments(eng.campaign["id"], limit=5, newest_first=True, where="is_baseline=0")
         if recent:
             lines.append("Recent: " + "; ".join(f"#{r['id']} {r['verdict'] or r['status']} {r['description'][:60]}"
