@@ -44,6 +44,9 @@ async def _full_cycle(client, ws, progress_log):
     good = await _call(client, "run_experiment", {"description": "normal learning rate",
                                                    "hypothesis": "LR 2e-4 is far too low"})
     assert good["status"] == "ok" and good["delta_vs_best"] < 0
+    # paired: the candidate ran on the baseline's seeds, each run paired with that seed's baseline run
+    assert sorted(p["seed"] for p in good["pairs"]) == sorted(base["baseline"]["seeds"])
+    assert all(p["d"] < 0 for p in good["pairs"])
     verdict = await _call(client, "score", {})
     assert verdict["verdict"] == "keep", verdict
     good_commit = gitops.head_sha(root)
@@ -72,10 +75,12 @@ async def _full_cycle(client, ws, progress_log):
 
     # 6. the budget runs out -> should_stop
     budget = await _call(client, "budget_check")
-    assert budget["should_stop"] is False and budget["experiments_used"] == 4
+    runs = 2 + len(good["pairs"]) + len(bad["pairs"])   # budget counts runs: baseline seeds + each pair's run
+    assert budget["should_stop"] is False and budget["experiments_used"] == runs
+    assert 0 < budget["keep_threshold"] < budget["mde"] and "Detectable effect" in budget["next_step"]
     from mcp_server.loop.config import dump_config, load_config
     cfg = load_config(root)
-    cfg.budget.max_experiments = 4   # operational setting: the user may change it between sessions
+    cfg.budget.max_experiments = runs   # operational setting: the user may change it between sessions
     (root / "loopwright.toml").write_text(dump_config(cfg))
     budget = await _call(client, "budget_check")
     assert budget["should_stop"] is True and "experiment budget spent" in budget["reasons"][0]
