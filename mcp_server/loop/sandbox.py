@@ -440,3 +440,35 @@ def eval_bootstrap(script: os.PathLike | str, argv: Sequence[str], site: Sequenc
             f"[p for p in {list(site)!r} if p not in sys.path]; "
             f"sys.argv = {[os.fspath(script), *argv]!r}; "
             "import runpy; runpy.run_path(sys.argv[0], run_name='__main__')")
+
+
+# ---------------------------------------------------------------------------
+# The two sandboxes the runner makes
+
+def _prepare_data_mount(ws) -> Path:
+    """Where the workspace's prepare.py looks for data (DATA_DIR = <its dir>/.loopwright/data)."""
+    return Path(getattr(ws, "workspace_data_dir", None) or Path(ws.root) / ".loopwright" / "data")
+
+
+def training_command(ws, argv: Sequence[str], *, view: os.PathLike | str, scratch: os.PathLike | str,
+                     env: Mapping[str, str], info: Optional[SandboxInfo] = None) -> list[str]:
+    """train.py's sandbox: the workspace read-only (its .loopwright/ replaced by the train view's files
+    where prepare.py looks), the state directory invisible, `scratch` writable (the export goes there)."""
+    mount = _prepare_data_mount(ws)
+    files = {str(mount / p.name): p for p in sorted(Path(view).iterdir())
+             if p.is_file() and not p.is_symlink() and not p.name.startswith(".")}
+    hide = [ws.state_dir, Path(ws.root) / ".loopwright", mount.parent]
+    return build_command(argv, mode="train", workspace=ws.root, hide=hide, scratch=scratch, files=files,
+                         env=env, cwd=ws.root, info=info)
+
+
+def evaluation_command(ws, argv: Sequence[str], *, eval_dir: EvalDir, data_dir: os.PathLike | str,
+                       data_files: Iterable[str], extra_ro: Iterable[os.PathLike | str] = (),
+                       info: Optional[SandboxInfo] = None) -> list[str]:
+    """The evaluator's sandbox: CPU only, nothing writable, the workspace and state dir invisible; it
+    sees its private eval dir and the named data files (val, test, meta) in eval_dir/data."""
+    files = {str(eval_dir.path / "data" / n): Path(data_dir) / n for n in data_files
+             if (Path(data_dir) / n).is_file()}
+    # eval_dir/data is an empty tmpfs in the sandbox: the mount points for the data files
+    return build_command(argv, mode="eval", workspace=None, hide=[ws.root, ws.state_dir, eval_dir.path / "data"],
+                         ro_binds=[eval_dir.path, *extra_ro], files=files, env={}, cwd=eval_dir.path, info=info)
