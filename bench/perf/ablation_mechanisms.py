@@ -1,7 +1,15 @@
 """Ablation: the built-in agent with and without the search mechanisms (tabu, plateau, bandit).
 
-    python bench/perf/ablation_mechanisms.py                      # 3 repeats x 2 arms x 10 experiments
-    python bench/perf/ablation_mechanisms.py --repeats 5 -n 12 --out results.json
+    python bench/perf/ablation_mechanisms.py                      # 8 repeats x 2 arms x 10 experiments
+    python bench/perf/ablation_mechanisms.py --repeats 3 -n 4 --out results.json   # a smaller scale
+
+Verdicts are the loop's paired ones (mcp_server/loop/verdict.py): every candidate runs on the
+reference's seed set and is kept on the paired differences, so an experiment costs
+--baseline-seeds runs (fewer after an early stop). Statistics over campaign pairs: each repeat r
+runs both arms with the same agent seed, so d_r = Δ(mechanisms) − Δ(plain) is a paired
+difference; the summary gives mean ± SD of each arm, the mean paired difference with a 95 %
+t-interval, the paired t statistic, and an exact sign-flip (permutation) p-value, which needs no
+normality assumption. At least 8 pairs are needed before the p-value can go below 0.01.
 
 Each campaign is a fresh workspace on the bundled benchmark (stdlib corpus), the
 same budget for both arms, and the same agent seed for the two arms of a repeat
@@ -58,7 +66,9 @@ def campaign(tmp: Path, args, mechanisms: bool, repeat: int) -> dict:
     root = tmp / tag
     overrides = {"benchmark": {"eval_tokens": args.eval_tokens, "grace_seconds": 45.0},
                  "noise": {"baseline_seeds": args.baseline_seeds},
-                 "budget": {"max_experiments": args.baseline_seeds + 3 * args.n, "max_hours": 10.0}}
+                 # runs: baseline seeds, each candidate on the seed set, confirm pairs, seed-set re-measures
+                 "budget": {"max_experiments": 3 * args.baseline_seeds + (args.baseline_seeds + 2) * args.n,
+                            "max_hours": 10.0}}
     t0 = time.monotonic()
     init_workspace(root, tag=tag, corpus=args.corpus, time_budget=args.time_budget, overrides=overrides,
                    bench_dir=bench_copy(tmp / f"bench-{tag}", args.steps, args.batch, args.threads))
@@ -88,6 +98,29 @@ def campaign(tmp: Path, args, mechanisms: bool, repeat: int) -> dict:
     return out
 
 
+def paired_stats(diffs: list[float]) -> dict:
+    """Mean, SD, 95 % t-interval, t statistic and exact two-sided sign-flip p-value of paired differences."""
+    import itertools
+    import math
+
+    n = len(diffs)
+    out = {"n": n, "mean": statistics.fmean(diffs) if diffs else None}
+    if n < 2:
+        return out
+    sd = statistics.stdev(diffs)
+    t975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
+            10: 2.228, 11: 2.201, 12: 2.179, 14: 2.145, 19: 2.093}.get(n - 1, 1.96)
+    half = t975 * sd / math.sqrt(n)
+    out.update(sd=sd, ci=(out["mean"] - half, out["mean"] + half),
+               t=out["mean"] / (sd / math.sqrt(n)) if sd > 0 else math.inf)
+    if n <= 16:   # exact: every assignment of signs to |d_r| under the null of no difference
+        obs = abs(sum(diffs))
+        hits = sum(abs(sum(s * abs(d) for s, d in zip(signs, diffs))) >= obs - 1e-12
+                   for signs in itertools.product((1, -1), repeat=n))
+        out["p_signflip"] = hits / 2 ** n
+    return out
+
+
 def summarise(runs: list[dict]) -> str:
     lines = ["| Method | Δ val_bpb (best − baseline) | kept / campaign | crashed / campaign | runs |",
              "|---|---|---|---|---|"]
@@ -101,12 +134,23 @@ def summarise(runs: list[dict]) -> str:
         lines.append(f"| {label} | {statistics.fmean(d):+.4f} ± {sd:.4f} | "
                      f"{statistics.fmean(r['kept'] for r in rs):.1f} | {statistics.fmean(r['crashed'] for r in rs):.1f} "
                      f"| {len(rs)} |")
+    by = {(r["arm"], r["repeat"]): r for r in runs if r["delta"] is not None}
+    diffs = [by[("mechanisms", k)]["delta"] - by[("plain", k)]["delta"]
+             for (arm, k) in sorted(by) if arm == "plain" and ("mechanisms", k) in by]
+    st = paired_stats(diffs)
+    if st["n"] >= 2:
+        lines += ["", f"Paired over {st['n']} campaign pairs (same agent seed): Δ(mechanisms) − Δ(plain) = "
+                      f"{st['mean']:+.4f} ± {st['sd']:.4f} (SD), 95 % CI [{st['ci'][0]:+.4f}, {st['ci'][1]:+.4f}], "
+                      f"t = {st['t']:.2f}" + (f", sign-flip p = {st['p_signflip']:.3f}" if "p_signflip" in st else "")
+                      + " (negative = the mechanisms found more)."]
+    elif st["n"] == 1:
+        lines += ["", f"One campaign pair only: Δ(mechanisms) − Δ(plain) = {st['mean']:+.4f} (no test possible)."]
     return "\n".join(lines)
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=8, help="campaign pairs (>= 8 for a meaningful paired test)")
     p.add_argument("-n", type=int, default=10, help="experiments per campaign (after the baseline)")
     p.add_argument("--time-budget", type=float, default=60.0, help="training seconds per experiment (a cap)")
     p.add_argument("--steps", type=int, default=20, help="MAX_STEPS of the benchmark copy (0 = time-bounded)")
