@@ -75,8 +75,10 @@ def build_server(workspace: Path | str, strict: bool = True) -> MCPServer:
     async def run_experiment(description: str, ctx: Context, hypothesis: Optional[str] = None,
                              confirm_of: Optional[int] = None) -> ExperimentResult:
         """Commit the edited train.py, train it under the fixed time budget, evaluate it with the frozen
-        evaluator and record the result. The first call also measures the baseline on several seeds.
-        Returns metrics and, on failure, the log tail. Takes minutes; progress is reported."""
+        evaluator and record the result. The first call also measures the baseline on the campaign's seed set;
+        a candidate runs on the same seeds as the best version (paired; it stops after the first pair when that
+        is clearly worse). Returns metrics, the seed-matched pairs and, on failure, the log tail. Takes
+        minutes; progress is reported."""
         last = [0.0]
         loop = asyncio.get_running_loop()  # progress arrives on the runner's reader thread, not an anyio worker
 
@@ -95,8 +97,9 @@ def build_server(workspace: Path | str, strict: bool = True) -> MCPServer:
     @server.tool(annotations=ToolAnnotations(title="Score an experiment", read_only_hint=False,
                                              destructive_hint=True, idempotent_hint=False, open_world_hint=False))
     async def score(experiment_id: Optional[int] = None) -> ScoreResult:
-        """Noise-aware verdict for the latest (or given) experiment: keep advances the branch, discard resets
-        train.py to the best version, retest asks for a confirm run on a fresh seed."""
+        """Paired verdict for the latest (or given) experiment, on candidate - reference differences over the
+        same seeds: keep advances the branch, discard resets train.py to the best version, retest asks for a
+        confirm pair on a fresh seed (candidate and best both run on it)."""
         return await in_thread(lambda e: e.score(experiment_id))
 
     @server.tool(annotations=ToolAnnotations(title="Revert train.py", read_only_hint=False, destructive_hint=True,
@@ -107,14 +110,15 @@ def build_server(workspace: Path | str, strict: bool = True) -> MCPServer:
 
     @server.tool(annotations=ToolAnnotations(title="Check the budget", read_only_hint=True, open_world_hint=False))
     async def budget_check() -> BudgetResult:
-        """Remaining experiments, compute hours and agent cost; should_stop and why."""
+        """Remaining runs, compute hours and agent cost; should_stop and why; the minimum detectable effect
+        (mde) and keep bar at the current paired noise, so you know which changes are worth a run."""
         return await in_thread(lambda e: e.budget())
 
     @server.tool(annotations=ToolAnnotations(title="Read the loop state", read_only_hint=True,
                                              open_world_hint=False))
     async def state_read(view: View = "summary", limit: int = 20) -> StateView:
-        """The campaign state. Views: summary, history (recent experiments), best, notes, noise (baseline
-        seeds and the keep threshold), tried (every experiment's description)."""
+        """The campaign state. Views: summary, history (recent experiments), best, notes, noise (seed set,
+        paired sigma, keep bar and minimum detectable effect), tried (every experiment's description)."""
         return await in_thread(lambda e: e.state(view, limit))
 
     @server.tool(annotations=ToolAnnotations(title="Record a note", read_only_hint=False, destructive_hint=False,
