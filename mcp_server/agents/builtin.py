@@ -387,6 +387,9 @@ def server_params(workspace: Path):
     pkg_parent = str(Path(__file__).resolve().parent.parent.parent)
     env["PYTHONPATH"] = os.pathsep.join([pkg_parent] + ([os.environ["PYTHONPATH"]]
                                                          if os.environ.get("PYTHONPATH") else []))
+    for key in ("LOOPWRIGHT_HOME", "XDG_DATA_HOME"):   # where the state directory is (the SDK's env drops them)
+        if os.environ.get(key):
+            env[key] = os.environ[key]
     return StdioServerParameters(command=sys.executable,
                                  args=["-m", "mcp_server.cli", "serve", "--workspace", str(workspace)], env=env)
 
