@@ -200,7 +200,19 @@ def _works(argv: list[str]) -> bool:
 
 @functools.lru_cache(maxsize=1)
 def isolation() -> tuple[str, tuple[str, ...]]:
-    """(what isolates the mechanism process here, the command prefix that does it)."""
+    """(what isolates the mechanism process here, the command prefix that does it).
+
+    First choice: the loop's own sandbox (loop/sandbox.py, as for the evaluator: PID/network/IPC
+    namespaces, read-only system, homes, /tmp and the state directories masked)."""
+    try:
+        from mcp_server.loop import sandbox as sb
+        info = sb.detect()
+        if info.available:
+            cmd = sb.build_command(["/bin/true"], mode="eval", env={"HOME": os.path.expanduser("~")}, info=info)
+            if _works(cmd[:-1]):
+                return f"{info.detail}, homes and state masked + resource limits", tuple(cmd[:-1])
+    except Exception:  # noqa: BLE001 - an older or broken sandbox module: fall back to a plain bwrap line
+        pass
     bwrap = shutil.which("bwrap")
     if bwrap:
         prefix = (bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "--dev", "/dev",
@@ -213,11 +225,17 @@ def isolation() -> tuple[str, tuple[str, ...]]:
     return "resource limits only (no bubblewrap or unshare here: the network is NOT isolated)", ()
 
 
+@functools.lru_cache(maxsize=1)
+def _child_code() -> str:
+    return CHILD.read_text(encoding="utf-8")
+
+
 def run_sandboxed(name: str, code: str, cases: list[dict], deadline_s: float,
                   memory_mb: int = MEMORY_MB) -> SandboxResult:
     """Import `code` and call advise() on each case ({label, history, source}) in the sandbox."""
     how, prefix = isolation()
-    argv = [*prefix, sys.executable, "-I", str(CHILD)]
+    # the child's code goes in on the command line: its file may lie under a path the sandbox masks (~)
+    argv = [*prefix, sys.executable, "-I", "-c", _child_code()]
     payload = json.dumps({"name": name, "code": code, "cases": cases}).encode()
     t0 = time.monotonic()
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
