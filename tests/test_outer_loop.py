@@ -173,6 +173,19 @@ def test_trial_on_a_synthetic_ledger_keeps_the_helpful_and_reverts_the_harmful(w
         assert status["helper"] == "kept" and status["harm"] == "reverted"
         kinds = [e["kind"] for e in eng.ledger.events() if e["kind"].startswith("mechanism_")]
         assert kinds.count("mechanism_kept") == 1 and kinds.count("mechanism_reverted") == 1
+    # the report: what was tried, kept, reverted and why, and the gain of each era
+    from mcp_server.report.writer import write_report
+    md = write_report(ws.root).markdown.read_text()
+    assert "## Search mechanisms (outer loop)" in md and "In use: helper v1 (kept)" in md
+    era = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+           for line in md.splitlines() if line.startswith("| ") and ("v1 |" in line or "only |" in line)}
+    assert era["helper v1"][:3] == ["kept", "4", "3"] and era["harm v1"][:3] == ["reverted", "4", "0"]
+    assert era["built-in mechanisms only"][1:3] == ["12", "2"]
+    assert float(era["helper v1"][4]) > float(era["built-in mechanisms only"][4]) > 0 == float(era["harm v1"][4])
+    from mcp_server.notify.slack import render
+    title, blocks = render("mechanism_reverted", kinds and {"name": "harm", "version": 1,
+                                                             "reason": d.reason}, "t")
+    assert title == "Search mechanism harm v1 reverted · t" and "did not help" in blocks[1]["text"]["text"]
 
 
 def test_a_mechanism_that_fails_in_use_is_skipped_and_reverted_without_slowing_the_loop(ws):

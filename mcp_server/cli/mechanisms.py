@@ -32,10 +32,10 @@ def mechanisms(args) -> int:
             elif args.action == "auto":
                 if args.arg not in ("on", "off"):
                     return _fail("auto takes on or off")
-                trial.set_outer(eng.ledger, args.arg == "on")
+                trial.set_outer(eng.ledger, args.arg == "on", args.window)
                 out = {"outer_builtin": args.arg == "on"}
             elif args.action == "step":
-                out = {"activated": trial.outer_step(eng, window=args.window or 4)}
+                out = {"activated": trial.outer_step(eng, window=args.window)}
             elif args.action == "propose":
                 if not args.arg or not Path(args.arg).is_file():
                     return _fail("propose takes the mechanism's .py file")

@@ -133,7 +133,8 @@ def activate(engine, name: str, version: Optional[int] = None, window: int = DEF
     except LedgerError as e:
         raise MechanismError(str(e)) from None
     engine.ledger.add_event(c["id"], "mechanism_activated", {"name": name, "version": row["version"],
-                                                              "window": window, "author": author, "trial": tid})
+                                                              "window": window, "author": author, "trial": tid},
+                            _sinks(engine))
     return {"name": name, "version": row["version"], "trial_id": tid, "window": window}
 
 
@@ -149,8 +150,13 @@ def revert(engine, name: str, reason: str, outcome: str = "reverted", stats: Opt
         engine.ledger.end_trial(t["id"], outcome, reason, stats, end)
     engine.ledger.set_mechanism_status(row["id"], "reverted", reason)
     engine.ledger.add_event(c["id"], "mechanism_reverted", {"name": name, "version": row["version"],
-                                                             "reason": reason, "outcome": outcome})
+                                                             "reason": reason, "outcome": outcome}, _sinks(engine))
     return {"name": name, "version": row["version"], "status": "reverted", "reason": reason}
+
+
+def _sinks(engine) -> list[str]:
+    from mcp_server.loop.workspace import sinks_for
+    return sinks_for(engine.ws.cfg)
 
 
 def in_use(ledger) -> list[dict]:

@@ -25,6 +25,8 @@ from mcp_server.mechanisms import registry
 REFERENCE_MIN = 6
 BOOTSTRAP = 2000
 OUTER_KEY = "outer_builtin"      # kv flag: the built-in outer loop runs on each suggest_next
+OUTER_WINDOW_KEY = "outer_builtin_window"
+OUTER_WINDOW = 4
 UCB_C = 0.5
 
 
@@ -153,8 +155,10 @@ def outer_enabled(ledger) -> bool:
     return ledger.kv_get(OUTER_KEY) == "on"
 
 
-def set_outer(ledger, on: bool) -> None:
+def set_outer(ledger, on: bool, window: Optional[int] = None) -> None:
     ledger.kv_set(OUTER_KEY, "on" if on else "off")
+    if window is not None:
+        ledger.kv_set(OUTER_WINDOW_KEY, str(int(window)))
 
 
 def install_library(engine, history=None) -> list[str]:
@@ -193,8 +197,11 @@ def choose(ledger, window: int) -> Optional[str]:
     return max(sorted(latest), key=ucb)
 
 
-def outer_step(engine, window: int = 4, history=None) -> Optional[str]:
+def outer_step(engine, window: Optional[int] = None, history=None) -> Optional[str]:
     """One step of the built-in outer loop: decide a full trial, then start the next one."""
+    if window is None:
+        saved = engine.ledger.kv_get(OUTER_WINDOW_KEY)
+        window = int(saved) if saved and saved.isdigit() else OUTER_WINDOW
     tick(engine, history)
     c = engine.campaign
     if engine.ledger.trials(c["id"], running=True):

@@ -36,7 +36,8 @@ _sdk_log = logging.getLogger("loopwright.notify.slack.sdk")
 _sdk_log.setLevel(logging.INFO)
 
 KINDS = frozenset({"keep", "crash_streak", "tamper", "plateau", "budget_spent", "session_end",
-                   "campaign_start", "campaign_end", "approval_requested", "approval_decided"})
+                   "campaign_start", "campaign_end", "approval_requested", "approval_decided",
+                   "mechanism_activated", "mechanism_kept", "mechanism_reverted"})
 METADATA_TYPE = "loopwright_event"
 # errors that every later message would hit too: stop the pass instead of burning their attempts
 SINK_WIDE_ERRORS = {"invalid_auth", "not_authed", "token_revoked", "token_expired", "account_inactive",
@@ -117,6 +118,16 @@ def render(kind: str, p: dict, tag: str) -> tuple[str, list[dict]]:
         body = (f"exit {_esc(p.get('exit_code', '?'))} · cost ${num(p.get('cost_usd'), '.2f')} · "
                 f"{_esc(p.get('turns', '?'))} turns · {_esc(p.get('experiments', '?'))} experiments · "
                 f"{_esc(p.get('kept', '?'))} kept")
+    elif kind in ("mechanism_activated", "mechanism_kept", "mechanism_reverted"):
+        verb = {"mechanism_activated": "on trial", "mechanism_kept": "kept",
+                "mechanism_reverted": "reverted"}[kind]
+        title = f"Search mechanism {p.get('name', '?')} v{p.get('version', '?')} {verb} · {tag}"
+        if kind == "mechanism_activated":
+            body = (f":test_tube: for the next {_esc(p.get('window', '?'))} experiments "
+                    f"(by {_esc(p.get('author') or 'unknown')})")
+        else:
+            body = (":white_check_mark: " if kind == "mechanism_kept" else ":leftwards_arrow_with_hook: ") + \
+                _esc(p.get("reason") or "no reason recorded")
     elif kind in ("campaign_start", "campaign_end"):
         verb = "started" if kind == "campaign_start" else "ended"
         title = f"Campaign {tag} {verb}"

@@ -58,6 +58,7 @@ class ReportData:
     mde: Optional[float] = None
     reference_runs: int = 0
     replay: Optional[object] = None        # loop.replay.ReplayResult of the latest replay, if one was run
+    mechanism_lines: list[str] = field(default_factory=list)   # mechanisms/report.py: the outer loop's section
 
     @property
     def n(self) -> int:
@@ -323,6 +324,7 @@ def render_markdown(data: ReportData, plot_name: str = "progress.png", tsv_name:
             L.append(f"| #{k.experiment_id} | {_md(k.description)} | {per} | {_f(k.gain, sign=True)} | {iv} | "
                      f"{k.outcome} |")
         L.append("")
+    L += data.mechanism_lines
     L += ["## Crashes", ""]
     if data.crashed:
         L += ["| experiment | description | status | reason |", "|---|---|---|---|"]
@@ -385,6 +387,8 @@ def write_report(workspace: Path | str | None = None) -> ReportFiles:
         data = collect(rows, eng.ws.cfg, c["tag"], status.model_dump())
         from mcp_server.loop.replay import latest
         data.replay = latest(eng.ledger, c["id"])
+        from mcp_server.mechanisms.report import section as mechanism_section
+        data.mechanism_lines = mechanism_section(eng.ledger, c["id"], rows)
         out = eng.ws.reports_dir
         out.mkdir(parents=True, exist_ok=True)
         plot = plot_progress(data, out / "progress.png")

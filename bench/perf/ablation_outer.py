@@ -1,0 +1,146 @@
+"""Ablation of the bilevel outer loop, in the form of Bilevel Autoresearch's table:
+
+    no mechanisms            the built-in agent, plain hill climb (suggest_next not consulted)
+    fixed built-in           + the built-in mechanisms (tabu, plateau, bandit), never changed
+    built-in outer loop      + the built-in outer loop (`loopwright mechanisms auto on`): a UCB1 bandit
+                               that puts the installed mechanisms (mechanisms/library/) on trial windows
+                               of --window experiments, each kept or reverted by its measured effect
+
+    python bench/perf/ablation_outer.py                        # 3 repeats x 3 arms x 12 experiments
+    python bench/perf/ablation_outer.py --repeats 1 -n 4 --steps 8 --out /tmp/outer.json   # a smoke run
+
+Campaigns are paired: repeat r of every arm uses the same agent seed, a fresh workspace on the
+same benchmark copy and budget, and arms are interleaved (none, builtin, outer, none, ...) so
+that machine load hits all of them alike. Figure of merit, as in the paper: Δ = best − baseline
+val_bpb at the end of each campaign (negative = better), mean ± SD over repeats; also the paired
+difference against the fixed built-in arm. The benchmark copy, MAX_STEPS pinning and thread count
+are those of ablation_mechanisms.py (see its docstring).
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from ablation_mechanisms import bench_copy  # noqa: E402
+from mcp_server.agents.builtin import run_builtin  # noqa: E402
+from mcp_server.loop.workspace import Workspace, init_workspace  # noqa: E402
+
+ARMS = (("none", "Built-in agent, no mechanisms"),
+        ("builtin", "Built-in agent + fixed built-in mechanisms (tabu, plateau, bandit)"),
+        ("outer", "Built-in agent + built-in mechanisms + built-in outer loop (bandit over mechanisms)"))
+
+
+def campaign(tmp: Path, args, arm: str, repeat: int) -> dict:
+    from mcp_server.mechanisms import trial
+
+    tag = f"{arm}{repeat}"
+    root = tmp / tag
+    overrides = {"benchmark": {"eval_tokens": args.eval_tokens, "grace_seconds": 45.0},
+                 "noise": {"baseline_seeds": args.baseline_seeds},
+                 "budget": {"max_experiments": args.baseline_seeds + 3 * args.n, "max_hours": 10.0}}
+    t0 = time.monotonic()
+    ws = init_workspace(root, tag=tag, corpus=args.corpus, time_budget=args.time_budget, overrides=overrides,
+                        bench_dir=bench_copy(tmp / f"bench-{tag}", args.steps, args.batch, args.threads))
+    if arm == "outer":
+        with ws.ledger() as led:
+            trial.set_outer(led, True, args.window)
+
+    def log(kind, d):
+        if kind == "experiment_end":
+            a = d["attempt"]
+            print(f"    [{tag}] {a.description:32s} {a.status:8s} {a.verdict or '':8s} "
+                  f"{a.val_bpb if a.val_bpb is not None else float('nan'):.4f}  {a.seconds:.0f}s", flush=True)
+        elif kind == "suggestion" and d["suggestion"].get("mechanisms"):
+            m = d["suggestion"]["mechanisms"][0]
+            print(f"    [{tag}] mechanism {m['name']} ({m['status']}): {m.get('note') or m.get('category')}", flush=True)
+
+    res = run_builtin(root, n=args.n, mechanisms=arm != "none", seed=repeat, observer=log)
+    with Workspace.open(root).ledger() as led:
+        trials = led.trials()
+    base, best = res.baseline, res.best
+    out = {"arm": arm, "repeat": repeat, "baseline": base, "best": best,
+           "delta": None if base is None or best is None else best - base, "kept": res.kept,
+           "crashed": sum(a.status != "ok" for a in res.attempts), "experiments": len(res.attempts),
+           "trials": [{"name": t["name"], "outcome": t["outcome"], "reason": t["reason"]} for t in trials],
+           "stopped": res.stopped_because, "seconds": round(time.monotonic() - t0, 1)}
+    print(f"  {tag}: Δ {out['delta'] if out['delta'] is not None else float('nan'):+.4f}, kept {out['kept']}, "
+          f"crashed {out['crashed']}, trials {[(t['name'], t['outcome']) for t in out['trials']]}, "
+          f"{out['seconds']:.0f} s", flush=True)
+    return out
+
+
+def _ms(xs: list[float]) -> str:
+    if not xs:
+        return "—"
+    return f"{statistics.fmean(xs):+.4f} ± {statistics.stdev(xs) if len(xs) > 1 else 0.0:.4f}"
+
+
+def summarise(runs: list[dict]) -> str:
+    lines = ["| Method | Δ val_bpb (best − baseline), mean ± SD | paired Δ vs fixed built-in | kept / campaign | "
+             "mechanism trials (kept / reverted) | runs |", "|---|---|---|---|---|---|"]
+    ref = {r["repeat"]: r["delta"] for r in runs if r["arm"] == "builtin" and r["delta"] is not None}
+    for arm, label in ARMS:
+        rs = [r for r in runs if r["arm"] == arm and r["delta"] is not None]
+        if not rs:
+            continue
+        paired = [r["delta"] - ref[r["repeat"]] for r in rs if r["repeat"] in ref] if arm != "builtin" else []
+        kept_t = sum(t["outcome"] == "kept" for r in rs for t in r["trials"])
+        rev_t = sum(t["outcome"] in ("reverted", "failed") for r in rs for t in r["trials"])
+        lines.append(f"| {label} | {_ms([r['delta'] for r in rs])} | {_ms(paired) if paired else '—'} | "
+                     f"{statistics.fmean(r['kept'] for r in rs):.1f} | "
+                     f"{f'{kept_t} / {rev_t}' if arm == 'outer' else '—'} | {len(rs)} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("-n", type=int, default=12, help="experiments per campaign (after the baseline)")
+    p.add_argument("--window", type=int, default=4, help="trial window of the outer loop, in experiments")
+    p.add_argument("--time-budget", type=float, default=60.0, help="training seconds per experiment (a cap)")
+    p.add_argument("--steps", type=int, default=20, help="MAX_STEPS of the benchmark copy (0 = time-bounded)")
+    p.add_argument("--batch", type=int, default=8, help="starting BATCH_SIZE of the benchmark copy")
+    p.add_argument("--threads", type=int, default=1, help="torch threads of the benchmark copy (0 = as written)")
+    p.add_argument("--eval-tokens", type=int, default=8192)
+    p.add_argument("--baseline-seeds", type=int, default=2)
+    p.add_argument("--corpus", default="stdlib")
+    p.add_argument("--arms", default="none,builtin,outer", help="comma-separated subset of none,builtin,outer")
+    p.add_argument("--out", type=Path, default=None, help="write every campaign's figures as JSON here")
+    p.add_argument("--keep-workspaces", action="store_true")
+    args = p.parse_args()
+    arms = [a for a in args.arms.split(",") if a]
+    if args.repeats < 1 or args.n < 1 or args.window < 2 or not set(arms) <= {a for a, _ in ARMS}:
+        p.error("--repeats and -n must be >= 1, --window >= 2, --arms from none,builtin,outer")
+
+    tmp = Path(tempfile.mkdtemp(prefix="loopwright-ablation-outer-"))
+    # state directories under the run's own folder (removed with it), unless the caller chose a home
+    os.environ.setdefault("LOOPWRIGHT_HOME", str(tmp / "home"))
+    runs: list[dict] = []
+    t0 = time.monotonic()
+    print(f"outer-loop ablation: {args.repeats} repeats x {len(arms)} arms, {args.n} experiments each, window "
+          f"{args.window}, MAX_STEPS {args.steps}, workspaces under {tmp}", flush=True)
+    try:
+        for r in range(args.repeats):
+            for arm in arms:
+                runs.append(campaign(tmp, args, arm, r))
+                if args.out:
+                    args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
+                                                    "runs": runs}, indent=2))
+    finally:
+        if not args.keep_workspaces:
+            shutil.rmtree(tmp, ignore_errors=True)
+    print(f"\n{summarise(runs)}\n\ntotal {time.monotonic() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
