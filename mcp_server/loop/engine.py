@@ -5,16 +5,15 @@ module. Errors are `LoopError`s whose message tells the caller what to do next.
 """
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
-import os
 import statistics
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Optional
 
+from mcp_server.common.locks import FileLock
 from mcp_server.loop import approvals
 from mcp_server.loop import budget as budgetmod
 from mcp_server.loop import gitops
@@ -168,17 +167,12 @@ class Engine:
     # -- locking and recovery -------------------------------------------------
     @contextmanager
     def _exclusive(self) -> Iterator[None]:
-        self.ws.state_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.ws.state_dir / "server.lock", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise Busy("another experiment is running in this workspace (one at a time). Wait for it: "
-                           "call budget_check or state_read(view='history') in a minute.") from None
+        held = FileLock(self.ws.state_dir / "server.lock").try_acquire()
+        if held is None:
+            raise Busy("another experiment is running in this workspace (one at a time). Wait for it: "
+                       "call budget_check or state_read(view='history') in a minute.")
+        with held:
             yield
-        finally:
-            os.close(fd)
 
     def recover(self) -> list[int]:
         """Mark experiments orphaned by a dead server as interrupted and clean the tree."""

@@ -15,7 +15,6 @@ import json
 import math
 import os
 import re
-import signal
 import subprocess
 import sys
 import sysconfig
@@ -25,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from mcp_server.common.procs import kill_group, kill_group_now
 from mcp_server.loop import gitops
 from mcp_server.loop.workspace import Workspace
 
@@ -88,32 +88,14 @@ def _parse_summary(lines: list[str]) -> dict[str, float]:
     return out
 
 
-def _kill_group(proc: subprocess.Popen, grace: float = 3.0) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    try:
-        proc.wait(grace)
-    except subprocess.TimeoutExpired:
-        pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
-
-
 def kill_stale(run_dir: Path) -> bool:
     """Kill a training process group left behind by a server that died (pid file)."""
     pid_file = run_dir / "train.pid"
     if not pid_file.is_file():
         return False
     try:
-        pgid = int(pid_file.read_text().strip())
-        os.killpg(pgid, signal.SIGKILL)
-        return True
-    except (ValueError, ProcessLookupError, PermissionError):
+        return kill_group_now(int(pid_file.read_text().strip()))
+    except ValueError:
         return False
     finally:
         pid_file.unlink(missing_ok=True)
@@ -162,13 +144,10 @@ def run_training(ws: Workspace, run_dir: Path, seed: int, on_progress: Optional[
             proc.wait(timeout=hard_limit)
         except subprocess.TimeoutExpired:
             timed_out = True
-            _kill_group(proc)
+            kill_group(proc, grace_s=3.0)
         finally:
             # train.py may have left children (dataloader workers): the group goes too.
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            kill_group_now(proc.pid)
         reader.join(timeout=10)
         (run_dir / "train.pid").unlink(missing_ok=True)
     wall = time.monotonic() - t0

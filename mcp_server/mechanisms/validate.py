@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from mcp_server.common.procs import kill_group_now
 from mcp_server.mechanisms.base import check_advice
 
 CHILD = Path(__file__).resolve().parent / "sandbox_child.py"
@@ -246,10 +247,7 @@ def run_sandboxed(name: str, code: str, cases: list[dict], deadline_s: float,
         out, err = proc.communicate(payload, timeout=deadline_s)
     except subprocess.TimeoutExpired:
         timed_out = True
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        kill_group_now(proc.pid)
         out, err = proc.communicate()
     seconds = time.monotonic() - t0
     if proc.returncode in (-signal.SIGXCPU, -signal.SIGKILL) and not timed_out:
