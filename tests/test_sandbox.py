@@ -411,3 +411,129 @@ def test_integrity_check_catches_and_removes_planted_git_config_and_hooks(tmp_pa
     assert integrity.restored(mism, actions), actions
     assert integrity.check(ws, pinned) == [] and not hook.exists()
     assert list(ws.tamper_dir.glob("*/.git/hooks/post-checkout"))      # the evidence is kept
+
+
+# --------------------------------------------------------------------------- through the runner
+
+TINY = '''
+import json, os, sys, time
+import torch
+import torch.nn as nn
+import prepare
+
+class Bigram(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.table = nn.Parameter(torch.zeros(prepare.VOCAB_SIZE, prepare.VOCAB_SIZE))
+    def forward(self, idx):
+        return self.table[idx]
+'''
+
+
+def _attempts(paths: dict) -> str:
+    """train.py body: try to read and write what it must not, plant a daemon, then export honestly."""
+    return TINY + f'''
+P = {paths!r}
+out = {{}}
+x, y = next(prepare.make_dataloader("train", 2, "cpu", 0))       # the training split is readable
+out["train_batch"] = list(x.shape)
+for name in ("val", "test", "ledger"):
+    try:
+        open(P[name], "rb").read(1); out["read_" + name] = "READ"
+    except OSError as e:
+        out["read_" + name] = type(e).__name__
+for name in ("ledger", "prepare", "workspace_file"):
+    try:
+        with open(P[name], "ab") as f:
+            f.write(b"tampered")
+        out["write_" + name] = "WROTE"
+    except OSError as e:
+        out["write_" + name] = type(e).__name__
+if os.fork() == 0:                      # a daemon that would rewrite the ledger after the run
+    os.setsid()
+    if os.fork() == 0:
+        time.sleep(3)
+        try:
+            open(P["ledger"], "ab").write(b"late tamper")
+        finally:
+            os._exit(0)
+    os._exit(0)
+print("ATTEMPTS " + json.dumps(out), flush=True)
+prepare.export_model(Bigram())
+print("---")
+print("num_steps:        1")
+'''
+
+
+@pytest.fixture()
+def real_ws(tmp_path, small_corpus):
+    from conftest import make_workspace
+    return make_workspace(tmp_path / "ws", small_corpus)
+
+
+@needs_bwrap
+def test_runner_trains_and_scores_inside_the_sandbox_and_attacks_fail(real_ws):
+    from mcp_server.loop import runner
+
+    ws = real_ws
+    pinned = gitops.root_commit(ws.root)
+    paths = {"val": str(ws.data_dir / "val.bin"), "test": str(ws.data_dir / "test.bin"),
+             "ledger": str(ws.db_path), "prepare": str(ws.root / "prepare.py"),
+             "workspace_file": str(ws.root / "program.md")}
+    before = {k: Path(p).read_bytes() for k, p in paths.items()}
+    (ws.root / "train.py").write_text(_attempts(paths))
+    run_dir = ws.run_dir(1)
+    tr = runner.run_training(ws, run_dir, seed=5)
+    assert tr.status == "ok" and tr.sandbox == "bwrap", (tr.reason, tr.log_tail)
+    line = next(l for l in tr.log_tail.splitlines() if l.startswith("ATTEMPTS "))
+    out = json.loads(line[len("ATTEMPTS "):])
+    assert out.pop("train_batch") == [2, 256]
+    assert all(out[k] != "READ" for k in ("read_val", "read_test", "read_ledger")), out
+    assert out["write_prepare"] != "WROTE" and out["write_workspace_file"] != "WROTE", out   # read-only
+    # (a write to the ledger's path lands in an empty private tmpfs: the host file is checked below)
+    time.sleep(4)                                    # the daemon would have struck by now
+    assert {k: Path(p).read_bytes() for k, p in paths.items()} == before
+    assert tr.model_path.parent == run_dir / "scratch"
+
+    ev = runner.run_evaluation(ws, pinned, run_dir, tr.model_path)
+    assert ev.ok, ev.reason
+    assert ev.model_sha256 == gitops.file_sha256(tr.model_path)
+    assert json.loads((run_dir / "eval.json").read_text())["model_sha256"] == ev.model_sha256
+    assert 7.9 < ev.val_bpb < 8.1                   # uniform logits: 8 bits per byte
+    assert not list(Path(ws.root).glob("**/loopwright-eval-*"))     # the eval dir is outside the workspace
+
+
+@needs_bwrap
+def test_runner_refuses_a_fifo_or_symlink_as_the_model(real_ws, tmp_path):
+    from mcp_server.loop import runner
+
+    ws = real_ws
+    pinned = gitops.root_commit(ws.root)
+    fifo = tmp_path / "model.pt2"
+    os.mkfifo(fifo)
+    ev = runner.run_evaluation(ws, pinned, ws.run_dir(2), fifo)
+    assert not ev.ok and "FIFO" in ev.reason
+    link = tmp_path / "link.pt2"
+    link.symlink_to(ws.data_dir / "val.bin")
+    ev = runner.run_evaluation(ws, pinned, ws.run_dir(2), link)
+    assert not ev.ok and "symbolic link" in ev.reason
+    # and from inside train.py: a FIFO where the export should be is not a model
+    (ws.root / "train.py").write_text("import os\nos.mkfifo(os.environ['LOOPWRIGHT_EXPORT_PATH'])\n")
+    tr = runner.run_training(ws, ws.run_dir(3), seed=1)
+    assert tr.status == "crash" and "without exporting a model" in tr.reason
+
+
+def test_runner_refuses_to_run_without_a_sandbox_unless_opted_out(real_ws, monkeypatch):
+    from mcp_server.loop import runner
+
+    ws = real_ws
+    monkeypatch.delenv(sandbox.UNSAFE_ENV, raising=False)
+    monkeypatch.setitem(sandbox._CACHE, "info", sandbox.SandboxInfo("none", None, "bubblewrap is not installed"))
+    (ws.root / "train.py").write_text(TINY + "prepare.export_model(Bigram())\n")
+    with pytest.raises(sandbox.SandboxUnavailable, match="apt-get install bubblewrap"):
+        runner.run_training(ws, ws.run_dir(1), seed=1)
+    monkeypatch.setenv(sandbox.UNSAFE_ENV, "1")
+    tr = runner.run_training(ws, ws.run_dir(1), seed=1)
+    assert tr.status == "ok" and tr.sandbox == "none", tr.log_tail
+    ev = runner.run_evaluation(ws, gitops.root_commit(ws.root), ws.run_dir(1), tr.model_path)
+    assert ev.ok, ev.reason

@@ -1,13 +1,23 @@
 """Run train.py under a budget, then the frozen evaluator in a fresh process.
 
-Training: train.py runs in its own process group with the seed and output path
-in a scrubbed environment (no secrets reach agent-written code); its output is
-logged under .loopwright/runs/<id>/ and parsed for progress; the whole group is
-killed at the hard limit (time budget + grace).
+Training: train.py runs in the OS sandbox (loop/sandbox.py: bubblewrap; own PID
+namespace, no network, read-only system and workspace, the train view where
+prepare.py looks for data, the state directory invisible, one writable scratch
+dir the model is exported to) with the seed and export path in a scrubbed
+environment (no secrets reach agent-written code); its output is logged in the
+run directory and parsed for progress; the sandbox (and with it every process
+train.py started) is killed at the hard limit (time budget + grace).
 
-Evaluation: the pinned commit's prepare.py blob (and config) is written to the
-run directory and started with `python -I -S` (no cwd, no PYTHONPATH, no .pth
-files, no sitecustomize), so no agent-written Python runs while scoring.
+Evaluation: the pinned commit's prepare.py blob (and config) and a hashed private
+copy of the model (a plain file only: no FIFO, no symlink) go to a fresh 0700
+directory outside the workspace; the evaluator runs there in its own sandbox
+(CPU only, nothing writable, only val/test/meta visible) with `python -I -S` and
+a bootstrap that puts the stdlib first and site-packages last (no cwd, no
+PYTHONPATH, no .pth files, no sitecustomize), so no agent-written Python runs
+while scoring; its result is read from its stdout pipe.
+
+Without a usable sandbox both refuse to run (SandboxUnavailable, saying how to
+install bubblewrap) unless the human opted out with --unsafe-no-sandbox.
 """
 from __future__ import annotations
 
@@ -15,9 +25,9 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
-import sysconfig
 import threading
 import time
 from dataclasses import dataclass, field
@@ -26,6 +36,7 @@ from typing import Callable, Optional
 
 from mcp_server.common.procs import kill_group, kill_group_now
 from mcp_server.loop import gitops
+from mcp_server.loop import sandbox
 from mcp_server.loop.workspace import Workspace
 
 ProgressFn = Callable[[int, float, float, float], None]   # step, loss, elapsed, remaining
@@ -58,6 +69,7 @@ class TrainResult:
     summary: dict[str, float] = field(default_factory=dict)
     log_tail: str = ""
     model_path: Optional[Path] = None
+    sandbox: str = "none"             # bwrap | sandbox-exec | none (the human's --unsafe-no-sandbox)
 
 
 @dataclass
@@ -69,6 +81,7 @@ class EvalResult:
     eval_seconds: Optional[float] = None
     raw: dict = field(default_factory=dict)
     wall_seconds: float = 0.0          # the evaluator process, start to exit
+    model_sha256: Optional[str] = None  # of the copy the evaluator scored
 
 
 def _parse_summary(lines: list[str]) -> dict[str, float]:
@@ -103,23 +116,34 @@ def kill_stale(run_dir: Path) -> bool:
 
 def run_training(ws: Workspace, run_dir: Path, seed: int, on_progress: Optional[ProgressFn] = None,
                  python: str = sys.executable) -> TrainResult:
+    info = sandbox.require()          # SandboxUnavailable unless the human opted out
     run_dir.mkdir(parents=True, exist_ok=True)
-    model_path = run_dir / "model.pt2"
-    model_path.unlink(missing_ok=True)
+    # train.py writes only here (the sandbox's one writable dir); the evaluator gets a copy
+    scratch = run_dir / "scratch"
+    if scratch.is_symlink():
+        scratch.unlink()
+    elif scratch.exists():
+        shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(mode=0o700)
+    model_path = scratch / "model.pt2"
     # train.py sees the training split only (val/test stay in the state directory): a copy of the
     # train view where the workspace's prepare.py looks.
-    ws.sync_train_view()
+    view = ws.sync_train_view()
     bench = ws.cfg.benchmark
     hard_limit = bench.time_budget + bench.grace_seconds
     env = clean_env({"LOOPWRIGHT_SEED": str(seed), "LOOPWRIGHT_EXPORT_PATH": str(model_path),
-                     "LOOPWRIGHT_RUN_DIR": str(run_dir), "PYTHONHASHSEED": str(seed)})
+                     "LOOPWRIGHT_RUN_DIR": str(scratch), "PYTHONHASHSEED": str(seed),
+                     "TMPDIR": "/tmp", "HOME": os.path.expanduser("~")})
+    cmd = sandbox.training_command(ws, [python, "train.py"], view=view, scratch=scratch, env=env, info=info)
+    memory = sandbox.default_memory_limit()
     log_path = run_dir / "train.log"
     t0 = time.monotonic()
     lines: list[str] = []
     with open(log_path, "w", encoding="utf-8") as log:
-        proc = subprocess.Popen([python, "train.py"], cwd=ws.root, env=env, stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen(cmd, cwd=ws.root, env=env, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-                                start_new_session=True, bufsize=1)
+                                start_new_session=True, bufsize=1,
+                                preexec_fn=sandbox.limits(memory, gpu=sandbox.gpu_visible(env)))
         (run_dir / "train.pid").write_text(str(proc.pid))
 
         def pump() -> None:
@@ -157,51 +181,47 @@ def run_training(ws: Workspace, run_dir: Path, seed: int, on_progress: Optional[
     if timed_out:
         return TrainResult("timeout", None, f"killed at the hard limit of {hard_limit:.0f} s "
                            f"(time budget {bench.time_budget:.0f} s + grace {bench.grace_seconds:.0f} s)",
-                           wall, summary, tail)
+                           wall, summary, tail, sandbox=info.kind)
     if proc.returncode != 0:
         return TrainResult("crash", proc.returncode, f"train.py exited with code {proc.returncode}", wall,
-                           summary, tail)
+                           summary, tail, sandbox=info.kind)
     loss_nan = any("loss=nan" in l.lower() or "loss=inf" in l.lower() for l in lines[-50:])
     if loss_nan or any(isinstance(v, float) and math.isnan(v) for v in summary.values()):
-        return TrainResult("crash", 0, "training diverged (NaN/inf loss)", wall, summary, tail)
-    if not model_path.is_file():
+        return TrainResult("crash", 0, "training diverged (NaN/inf loss)", wall, summary, tail, sandbox=info.kind)
+    if not model_path.is_file() or model_path.is_symlink():
         return TrainResult("crash", 0, "train.py finished without exporting a model: it must end with "
-                           "prepare.export_model(model)", wall, summary, tail)
-    return TrainResult("ok", 0, "", wall, summary, tail, model_path)
+                           "prepare.export_model(model)", wall, summary, tail, sandbox=info.kind)
+    return TrainResult("ok", 0, "", wall, summary, tail, model_path, sandbox=info.kind)
 
 
-def _import_paths() -> list[str]:
-    """site-packages directories the evaluator needs (torch, numpy), passed explicitly under -S."""
-    paths = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
-    for mod in ("torch", "numpy"):
-        spec = __import__("importlib.util").util.find_spec(mod)
-        if spec and spec.origin:
-            paths.add(str(Path(spec.origin).parent.parent))
-    return sorted(paths)
-
-
-_BOOTSTRAP = ("import os, sys, runpy; sys.path[:] = {paths!r} + [p for p in sys.path if p not in ('', '.', os.getcwd())]; "
-              "sys.argv = {argv!r}; "
-              "runpy.run_path(sys.argv[0], run_name='__main__')")
+EVAL_DATA_FILES = ("val.bin", "test.bin", "meta.json", "token_bytes.npy", "tokenizer.json")
 
 
 def run_evaluation(ws: Workspace, pinned: str, run_dir: Path, model_path: Path,
                    python: str = sys.executable) -> EvalResult:
-    eval_dir = run_dir / "eval"
-    eval_dir.mkdir(parents=True, exist_ok=True)
-    prepare = eval_dir / "prepare.py"
-    prepare.write_bytes(gitops.verified_blob_bytes(ws.root, pinned, "prepare.py"))
-    (eval_dir / "loopwright.toml").write_bytes(gitops.verified_blob_bytes(ws.root, pinned, "loopwright.toml"))
-    argv = [str(prepare), "evaluate", str(model_path), "--data-dir", str(ws.data_dir)]
-    code = _BOOTSTRAP.format(paths=_import_paths(), argv=argv)
+    info = sandbox.require()
+    files = {"prepare.py": gitops.verified_blob_bytes(ws.root, pinned, "prepare.py"),
+             "loopwright.toml": gitops.verified_blob_bytes(ws.root, pinned, "loopwright.toml")}
     t0 = time.monotonic()
     try:
-        proc = subprocess.run([python, "-I", "-S", "-c", code], cwd=eval_dir, env=clean_env({}),
-                              capture_output=True, text=True, timeout=ws.cfg.benchmark.eval_timeout,
-                              start_new_session=True)
-    except subprocess.TimeoutExpired:
-        return EvalResult(False, f"evaluation exceeded {ws.cfg.benchmark.eval_timeout:.0f} s",
-                          wall_seconds=time.monotonic() - t0)
+        box = sandbox.make_eval_dir(files, model_path)
+    except sandbox.UnsafeFile as e:
+        return EvalResult(False, str(e), wall_seconds=time.monotonic() - t0)
+    try:
+        data_dir = box.path / "data" if info.available else ws.data_dir
+        argv = ["evaluate", str(box.model), "--data-dir", str(data_dir)]
+        code = sandbox.eval_bootstrap(box.prepare, argv, sandbox.site_dirs())
+        cmd = sandbox.evaluation_command(ws, [python, "-I", "-S", "-c", code], eval_dir=box,
+                                         data_dir=ws.data_dir, data_files=EVAL_DATA_FILES, info=info)
+        try:
+            proc = subprocess.run(cmd, cwd=box.path, env=clean_env({}), capture_output=True, text=True,
+                                  timeout=ws.cfg.benchmark.eval_timeout, start_new_session=True,
+                                  preexec_fn=sandbox.limits(sandbox.default_memory_limit()))
+        except subprocess.TimeoutExpired:
+            return EvalResult(False, f"evaluation exceeded {ws.cfg.benchmark.eval_timeout:.0f} s",
+                              wall_seconds=time.monotonic() - t0, model_sha256=box.model_sha256)
+    finally:
+        box.cleanup()
     elapsed = time.monotonic() - t0
     (run_dir / "eval.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
     result = None
@@ -213,13 +233,14 @@ def run_evaluation(ws: Workspace, pinned: str, run_dir: Path, model_path: Path,
             continue
     if not isinstance(result, dict):
         return EvalResult(False, f"evaluator crashed (exit {proc.returncode}): {proc.stderr.strip()[-600:]}",
-                          wall_seconds=elapsed)
+                          wall_seconds=elapsed, model_sha256=box.model_sha256)
+    result["model_sha256"] = box.model_sha256
     (run_dir / "eval.json").write_text(json.dumps(result, indent=2))
     if not result.get("ok"):
         return EvalResult(False, str(result.get("reason", "rejected by the evaluator")), raw=result,
-                          wall_seconds=elapsed)
+                          wall_seconds=elapsed, model_sha256=box.model_sha256)
     return EvalResult(True, "", float(result["val_bpb"]), _opt(result.get("test_bpb")),
-                      float(result.get("eval_seconds", elapsed)), result, elapsed)
+                      float(result.get("eval_seconds", elapsed)), result, elapsed, box.model_sha256)
 
 
 def _opt(v) -> Optional[float]:
