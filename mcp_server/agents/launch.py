@@ -480,6 +480,8 @@ def launch_session(root: Path | str, agent: str, trigger: str = "manual", detail
                               f"stop request with `loopwright stop --clear`, or start a new campaign "
                               f"(`loopwright init {ws.root} --tag NEW`).")
         env = client_env(0, ws.root)
+        for name in (ws.cfg.webhook.slack_signing_secret_env, ws.cfg.webhook.jira_secret_env):
+            env.pop(name, None)   # with these the agent could sign its own approval (loop/approvals.py)
         prompt = prompt or (OUTER_PROMPT if level == "outer" else DEFAULT_PROMPT)
         if agent == "claude" and level == "outer":
             argv = claude_outer_argv(find_client("claude", env), ws.root, ws.state_dir, prompt,
