@@ -537,3 +537,22 @@ def test_runner_refuses_to_run_without_a_sandbox_unless_opted_out(real_ws, monke
     assert tr.status == "ok" and tr.sandbox == "none", tr.log_tail
     ev = runner.run_evaluation(ws, gitops.root_commit(ws.root), ws.run_dir(1), tr.model_path)
     assert ev.ok, ev.reason
+
+
+def test_an_unsandboxed_experiment_is_on_the_record(real_ws, monkeypatch):
+    """With --unsafe-no-sandbox every experiment carries sandboxed=0 and an unsafe_no_sandbox event."""
+    from mcp_server.loop import runner
+    from mcp_server.loop.engine import Engine
+
+    monkeypatch.setenv(sandbox.UNSAFE_ENV, "1")
+    monkeypatch.setitem(sandbox._CACHE, "info", sandbox.SandboxInfo("none", None, "bubblewrap is not installed"))
+    (real_ws.root / "train.py").write_text(TINY + "prepare.export_model(Bigram())\n")
+    eng = Engine(real_ws.root)
+    c = eng.campaign
+    res = eng._execute(c, "unsandboxed baseline", None, c["best_commit"], c["best_commit"], None, None,
+                       is_baseline=True)
+    row = eng.ledger.experiment(res.experiment_id)
+    assert json.loads(row["metrics_json"])["sandboxed"] == 0
+    assert eng.ledger.events(c["id"], kind="unsafe_no_sandbox")
+    eng.close()
+    assert runner.TrainResult("ok", 0, "", 0.0).sandbox == "unknown"

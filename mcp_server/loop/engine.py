@@ -468,6 +468,10 @@ class Engine:
                           memory_gb=_mem_gb(tr.summary), num_steps=_int(tr.summary.get("num_steps")),
                           num_params_m=tr.summary.get("num_params_M"), log_tail=tr.log_tail[-4000:])
             status, reason, ev = tr.status, tr.reason, None
+            if tr.sandbox == "none":   # only with the human's --unsafe-no-sandbox: on the record, every time
+                self.ledger.add_event(c["id"], "unsafe_no_sandbox", {"experiment_id": eid, "detail": (
+                    "train.py and the evaluator ran without an OS sandbox (--unsafe-no-sandbox); this result "
+                    "is not protected against forgery")})
             # train.py ran arbitrary code (even if it then crashed): check what it must not touch.
             problems = []
             mism = integrity.check(self.ws, c["pinned_commit"])
@@ -491,7 +495,8 @@ class Engine:
                     status, reason = "rejected", f"the evaluator rejected the model: {ev.reason}"
             # What the loop itself costs per experiment, apart from the two child processes.
             timing = {"train_wall_s": round(tr.wall_seconds, 3), "eval_wall_s": round(ev.wall_seconds, 3) if ev else 0.0,
-                      "harness_s": round(time.monotonic() - t_start - tr.wall_seconds - (ev.wall_seconds if ev else 0.0), 3)}
+                      "harness_s": round(time.monotonic() - t_start - tr.wall_seconds - (ev.wall_seconds if ev else 0.0), 3),
+                      "sandboxed": 0 if tr.sandbox == "none" else 1}
             self.ledger.update_experiment(
                 eid, status=status, reason=reason or None, finished_at=time.time(), metrics_json=json.dumps(
                     {**{k: v for k, v in tr.summary.items() if isinstance(v, (int, float))}, **timing}),

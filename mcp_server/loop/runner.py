@@ -69,7 +69,7 @@ class TrainResult:
     summary: dict[str, float] = field(default_factory=dict)
     log_tail: str = ""
     model_path: Optional[Path] = None
-    sandbox: str = "none"             # bwrap | sandbox-exec | none (the human's --unsafe-no-sandbox)
+    sandbox: str = "unknown"          # bwrap | sandbox-exec | none (the human's --unsafe-no-sandbox)
 
 
 @dataclass
