@@ -187,11 +187,26 @@ class ParamState:
 
 _WHY = {"up": "raising", "down": "lowering", "off": "switching off", "flip": "flipping"}
 
+# What an expert tries first on a short, fixed training budget, in order: (constant, factor applied to its
+# current value; 0 = off). Each is proposed once, while untried, before the hill climb's own order; its
+# outcome then feeds the climb like any other move. Constants a train.py does not have are skipped.
+# Chosen from paired measurements on the bundled benchmark (BENCHMARKS.md, "Demo"): changes whose effect
+# at this budget is larger than the paired noise come first.
+EXPERT_FIRST: tuple[tuple[str, float], ...] = (
+    ("WARMUP_STEPS", 0.3),     # a short run spends too much of itself warming up
+    ("LR", 1.5),               # short runs usually want a higher peak LR
+    ("EMBED_LR", 3.0),         # the embedding learns slowly at the matrices' LR
+    ("WARMDOWN_FRAC", 1.5),    # a longer decay to zero helps short runs
+    ("LOGIT_SOFTCAP", 2.0),
+)
+
 
 class Planner:
     """Hill-climb memory and move choice. Pure: no I/O, randomness only from the seed."""
 
-    def __init__(self, seed: int = 0):
+    def __init__(self, seed: int = 0, expert: Iterable[tuple[str, float]] = EXPERT_FIRST):
+        self.expert = list(expert)
+        self._expert_tried: set[tuple[str, float]] = set()
         self.rng = random.Random(seed)
         self.params: dict[str, ParamState] = {}
         self.tried: set[tuple] = set()
@@ -220,6 +235,13 @@ class Planner:
             self.origin.setdefault(name, c.value)
         self.tried.add(self._key(source))
         constraints = divisibility_constraints(source)
+        for name, factor in self.expert:   # expert-first moves, once each
+            if (name, factor) in self._expert_tried or name not in consts:
+                continue
+            self._expert_tried.add((name, factor))
+            edit = self._expert_edit(source, consts[name], factor, constraints)
+            if edit is not None:
+                return edit
         for _ in range(2):   # a second pass after resetting exhausted constants
             for name in self._order(consts, category, preferred):
                 edit = self._move(source, consts[name], constraints)
@@ -270,6 +292,25 @@ class Planner:
                 continue
             st.exhausted = True
             return None
+
+    def _expert_edit(self, source: str, c: Constant, factor: float,
+                     constraints: set[tuple[str, str]]) -> Optional[Edit]:
+        if c.kind == "bool" or c.value == 0:
+            return None
+        if factor == 0:
+            value: Value = 0.0 if c.kind == "float" else 0
+        elif c.kind == "int":
+            value = int(round(c.value * factor))
+            if c.value > 0:
+                value = max(1, value)
+        else:
+            value = _round(c.value * factor)
+        if value == c.value:
+            return None
+        direction = "off" if factor == 0 else ("up" if value > c.value else "down")
+        if direction in self._state(c.name).failed:
+            return None
+        return self._edit(source, c, direction, value, constraints)
 
     def _edit(self, source: str, c: Constant, direction: str, value: Value,
               constraints: set[tuple[str, str]]) -> Optional[Edit]:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Literal, Optional
@@ -21,7 +23,6 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 
 from mcp_server import __version__
-from mcp_server.loop.engine import Engine, LoopError
 from mcp_server.loop.models import BudgetResult, ExperimentResult, NoteResult, RevertResult, ScoreResult, StateView
 
 log = logging.getLogger("loopwright.server")
@@ -39,16 +40,30 @@ def build_server(workspace: Path | str, strict: bool = True) -> MCPServer:
     """The server for one workspace. strict=False still starts on a broken or missing workspace (as a
     plugin must, so the agent sees why) and reports the problem on every tool call."""
     root = Path(workspace).expanduser().resolve()
-    try:
-        Engine(root, recover=True).close()   # mark runs orphaned by a dead server as interrupted
-    except Exception as e:
-        if strict:
-            raise
-        log.warning("workspace %s is not usable yet: %s", root, e)
+    # The engine (git, the ledger, approvals) is imported on the first tool call, not here: a client lists
+    # the tools right after start-up and gives up early ("No such tool") if that takes seconds.
+    recovered = threading.Lock()
+    pending_recovery = [True]
+
+    def recover() -> None:
+        """Once, before the first call: mark runs orphaned by a dead server as interrupted."""
+        from mcp_server.loop.engine import Engine
+
+        with recovered:
+            if pending_recovery[0]:
+                pending_recovery[0] = False
+                Engine(root, recover=True).close()
+
+    if strict:
+        recover()
     server = MCPServer("loopwright", version=__version__, instructions=INSTRUCTIONS)
 
-    def call(fn: Callable[[Engine], Any]) -> Any:
+    def call(fn: Callable[[Any], Any]) -> Any:
+        from mcp_server.loop.engine import Engine, LoopError
+
         try:
+            if pending_recovery[0]:
+                recover()
             eng = Engine(root, recover=False)
         except Exception as e:  # config/workspace problems are the user's to fix: say how
             raise ToolError(f"loopwright cannot open the workspace {root}: {e}. Tell the user; the loop cannot "
@@ -67,7 +82,7 @@ def build_server(workspace: Path | str, strict: bool = True) -> MCPServer:
             eng.close()
             _deliver_events(root)
 
-    async def in_thread(fn: Callable[[Engine], Any]) -> Any:
+    async def in_thread(fn: Callable[[Any], Any]) -> Any:
         return await anyio.to_thread.run_sync(lambda: call(fn))
 
     @server.tool(annotations=ToolAnnotations(title="Run an experiment", read_only_hint=False,
@@ -165,5 +180,89 @@ def serve(workspace: Path | str, http: bool = False, host: str = "127.0.0.1", po
         server = build_server(workspace, strict=False)
     if http:
         server.run("streamable-http", host=host, port=port)
-    else:
-        server.run()
+        return
+    # stdio: the client owns this process. Leave when it goes away, even if it left stdin open (a client's
+    # background daemon can hold the pipe), and once stdin closes, even with a tool call still running.
+    ppid = os.getppid()
+    _exit_with_parent(ppid)
+    _exit_on_stdin_hangup()
+    log.info("serving %s on stdio for parent process %d", workspace, ppid)
+    server.run()
+    log.info("stdin closed: exiting")
+    _shutdown()
+
+
+def _exit_with_parent(ppid: int, interval_s: float = 0.5) -> threading.Thread:
+    def watch() -> None:
+        while True:
+            time.sleep(interval_s)
+            if os.getppid() != ppid:   # re-parented: the client died
+                log.warning("parent process %d is gone: exiting", ppid)
+                _shutdown()
+
+    t = threading.Thread(target=watch, name="loopwright-parent-watch", daemon=True)
+    t.start()
+    return t
+
+
+def _exit_on_stdin_hangup(grace_s: float = 2.0) -> Optional[threading.Thread]:
+    """The SDK's stdio loop returns on EOF only once in-flight calls finish (a run takes minutes): watch
+    stdin for a hang-up without reading it, give the normal exit `grace_s`, then end the server."""
+    import select
+
+    if not hasattr(select, "poll"):
+        return None
+
+    try:
+        fd = os.dup(0)          # our own handle: the SDK closes fd 0 at EOF and the number gets reused
+    except OSError:
+        return None
+
+    def watch() -> None:
+        poller = select.poll()
+        poller.register(fd, 0)  # no events asked: POLLHUP/POLLERR/POLLNVAL are always reported
+        while True:
+            if any(ev & (select.POLLHUP | select.POLLERR | select.POLLNVAL) for _, ev in poller.poll(1000)):
+                time.sleep(grace_s)
+                log.warning("stdin closed while a call was still running: exiting")
+                _shutdown()
+
+    t = threading.Thread(target=watch, name="loopwright-stdin-watch", daemon=True)
+    t.start()
+    return t
+
+
+def _children(pid: int) -> list[int]:
+    """Direct children of `pid` (Linux /proc; elsewhere none are found and only this process exits)."""
+    out = []
+    for d in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if d.isdigit():
+            try:
+                stat = open(f"/proc/{d}/stat").read()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(d))
+    return out
+
+
+def _shutdown(grace_s: float = 2.0) -> None:
+    """End this server now: its children's process groups (a training run, git) get SIGTERM, then SIGKILL;
+    a run cut short is marked interrupted by the next server's recovery."""
+    me, groups = os.getpid(), set()
+    for child in _children(me):
+        try:
+            pgid = os.getpgid(child)
+        except OSError:
+            continue
+        groups.add(pgid if pgid != os.getpgid(0) else -child)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for g in groups:
+            try:
+                os.killpg(g, sig) if g > 0 else os.kill(-g, sig)
+            except OSError:
+                pass
+        if sig == signal.SIGTERM and groups:
+            time.sleep(grace_s)
+    logging.shutdown()
+    os._exit(0)

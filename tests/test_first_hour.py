@@ -1,0 +1,284 @@
+"""Issue 15 ("the first hour with real clients and connectors"): the loop-side items.
+
+Item 3 (campaign_end is recorded and delivered; the Jira closing comment shows the real
+baseline), 9 (a comment-only change is refused as such; tiny time budgets are refused
+with the minimum) and 14 (one crash alert per streak, with the streak's real length).
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+from fakes.fake_jira import FakeJira
+from fakes.fake_slack import FakeSlack
+
+from conftest import make_workspace, set_constant
+from mcp_server.loop.config import JiraConfig, SlackConfig
+from mcp_server.loop.engine import Engine, LoopError
+from mcp_server.notify.jira import JiraSink
+from mcp_server.notify.outbox import deliver_pending
+from mcp_server.notify.slack import SlackSink
+
+
+@pytest.fixture()
+def eng(tmp_path, small_corpus):
+    ws = make_workspace(tmp_path / "ws", small_corpus)   # crash_streak threshold: the default, 3
+    e = Engine(ws.root)
+    yield e
+    e.ledger.close()
+
+
+def _baseline(eng: Engine, values=(2.00, 2.02)):
+    c = eng.campaign
+    for i, v in enumerate(values):
+        e = eng.ledger.start_experiment(c["id"], f"baseline {i}", is_baseline=1, commit_sha=c["best_commit"])
+        eng.ledger.update_experiment(e, status="ok", val_bpb=v, verdict="baseline", finished_at=time.time())
+
+
+def _finish(eng: Engine, status: str, **fields) -> dict:
+    c = eng.campaign
+    e = eng.ledger.start_experiment(c["id"], f"try {status}", commit_sha=c["best_commit"])
+    eng.ledger.update_experiment(e, status=status, finished_at=time.time(),
+                                 reason=fields.pop("reason", f"{status} reason"), **fields)
+    return eng.ledger.experiment(e)
+
+
+def test_crash_alert_once_per_streak_with_the_real_count(eng):
+    _baseline(eng)
+    c = eng.campaign
+    for i in range(5):                                   # 5 crashes in a row: one alert, at the 3rd
+        eng._after_failure(c, _finish(eng, "crash", reason=f"OOM {i}"), None)
+    alerts = eng.ledger.events(kind="crash_streak")
+    assert [a["payload"]["count"] for a in alerts] == [3]
+    assert alerts[0]["payload"]["last_reason"] == "OOM 2"
+    _finish(eng, "ok", val_bpb=2.1)                      # the streak ends
+    for i in range(4):                                   # a new streak: a new alert
+        eng._after_failure(c, _finish(eng, "timeout", reason=f"slow {i}"), None)
+    assert [a["payload"]["count"] for a in eng.ledger.events(kind="crash_streak")] == [3, 3]
+
+
+def test_alert_counts_the_whole_streak_when_the_threshold_is_reached_late(eng):
+    _baseline(eng)
+    c = eng.campaign
+    for i in range(4):                                   # crashes recorded before the engine judged them
+        _finish(eng, "crash")
+    eng._after_failure(c, _finish(eng, "rejected", reason="edits prepare.py"), None)
+    [alert] = eng.ledger.events(kind="crash_streak")
+    assert alert["payload"]["count"] == 5 and alert["payload"]["threshold"] == 3
+
+
+def test_budget_end_records_campaign_end_and_jira_closes_with_the_real_baseline(eng):
+    _baseline(eng, (2.00, 2.02))
+    c = eng.campaign
+    for _ in range(3):
+        _finish(eng, "crash")
+    eng._record_if_budget_spent(c)
+    assert eng.ledger.events(kind="campaign_end") == []     # budget left: the campaign goes on
+    eng.ledger.kv_set("stop_requested", "enough for tonight")   # what `/loopwright stop` records
+    eng._record_if_budget_spent(c)
+    eng._record_if_budget_spent(c)                       # once, however often it is checked
+    [end] = eng.ledger.events(kind="campaign_end")
+    assert end["payload"]["baseline"] == pytest.approx(2.01)
+    assert end["payload"]["reasons"] == ["stop requested: enough for tonight"]
+    assert end["payload"]["experiments"] == 3 and end["payload"]["crashed"] == 3
+    assert len(eng.ledger.events(kind="budget_spent")) == 1
+    with FakeJira(token="t") as fj:
+        sink = JiraSink(JiraConfig(server=fj.url, project="LW", auth="token"), eng.ledger, token="t", timeout=2)
+        rep = deliver_pending(eng.ledger, None, [sink])
+        assert rep.failed == 0, rep
+        [(key, issue)] = fj.issues.items()
+        closing = fj.comments(key)[-1]
+        assert "Campaign ended" in closing and "baseline 2.010000" in closing and "n/a" not in closing
+        assert issue["fields"]["status"]["name"] == "Done"
+    with FakeSlack("xoxb-t") as fs:
+        sink = SlackSink(SlackConfig(channel="C0RESEARCH", base_url=fs.api_url), eng.ledger, token="xoxb-t",
+                         timeout=2)
+        deliver_pending(eng.ledger, None, [sink])
+        ends = [m for m in fs.messages if m["text"].endswith("ended")]
+        assert len(ends) == 1 and "baseline 2.0100" in ends[0]["blocks"][1]["text"]["text"]
+
+
+def test_comment_only_change_is_refused_as_such(eng):
+    _baseline(eng)
+    train = eng.ws.root / "train.py"
+    src = train.read_text()
+    import re
+    commented = re.sub(r"^(LR = .*)$", r"\n\n\1    # try a schedule next", src, count=1, flags=re.M)
+    train.write_text("# notes\n" + commented + "\n# done\n")
+    with pytest.raises(LoopError, match=r"only comments/whitespace changed") as e:
+        eng.run_experiment("a comment")
+    assert "seed" not in str(e.value)
+    train.write_text(src)
+    set_constant(train, "LR", "0.00123")                 # a real change is not caught by it
+    from mcp_server.loop import verdict
+    assert not verdict.comments_only_change(src, train.read_text())
+
+
+@pytest.mark.parametrize("budget", ["10", "0.5", "29"])
+def test_tiny_time_budget_is_refused_with_the_minimum(tmp_path, budget):
+    r = subprocess.run([sys.executable, "-m", "mcp_server.cli", "init", str(tmp_path / "w"), "--time-budget", budget],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "at least 30 s" in r.stderr and "start-up included" in r.stderr
+    assert not (tmp_path / "w").exists()
+
+
+def test_time_budget_help_says_what_counts():
+    r = subprocess.run([sys.executable, "-m", "mcp_server.cli", "init", "--help"], capture_output=True, text=True,
+                       timeout=60)
+    assert "start-up" in r.stdout and "wall-clock" in r.stdout and "training seconds" not in r.stdout
+
+
+# -- item 6 and 7: the reviewer may call the tools it is told to use; the skill says to retry -------
+def _front_matter(path):
+    text = path.read_text()
+    head = text.split("---", 2)[1]
+    return dict(line.split(":", 1) for line in head.strip().splitlines()), text.split("---", 2)[2]
+
+
+def test_reviewer_is_granted_every_loopwright_tool_it_is_told_to_call():
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    meta, body = _front_matter(root / "agents" / "reviewer.md")
+    granted = {t.strip() for t in meta["tools"].split(",")}
+    loop_tools = {"run_experiment", "score", "revert", "budget_check", "state_read", "note", "suggest_next"}
+    told = {name for name in re.findall(r"`(\w+)\(", body) if name in loop_tools}
+    forbidden = {"run_experiment", "score", "revert"}          # "never call run_experiment, score or revert"
+    told -= forbidden
+    assert told >= {"state_read"}
+    for tool in told:   # under both wirings: the plugin's server name and the workspace's
+        assert f"mcp__plugin_loopwright_loopwright__{tool}" in granted, tool
+        assert f"mcp__loopwright__{tool}" in granted, tool
+    assert not any(g.endswith(f"__{t}") for g in granted for t in forbidden)   # read-only stays read-only
+    assert not {"Edit", "Write", "MultiEdit", "NotebookEdit"} & granted
+
+
+def test_skill_tells_the_agent_to_retry_a_missing_tool_once():
+    from pathlib import Path
+
+    text = " ".join((Path(__file__).resolve().parent.parent / "skills" / "research-loop" / "SKILL.md")
+                    .read_text().split())
+    assert "No such tool available" in text and "retry it once" in text and "unsupported call" in text
+
+
+# -- item 7: listing the tools needs none of the heavy modules -----------------------------------
+def test_listing_tools_imports_no_engine_torch_matplotlib_or_connectors(tmp_path):
+    code = ("import sys, asyncio\n"
+            "from mcp_server.mcp.server import build_server\n"
+            f"srv = build_server({str(tmp_path / 'not-yet')!r}, strict=False)\n"
+            "from mcp import Client\n"
+            "async def main():\n"
+            "    async with Client(srv) as c:\n"
+            "        print(len((await c.list_tools()).tools))\n"
+            "asyncio.run(main())\n"
+            "print(sorted(m for m in ('torch', 'matplotlib', 'slack_sdk', 'jira', 'git', 'numpy',\n"
+            "                         'mcp_server.loop.engine', 'mcp_server.loop.gitops') if m in sys.modules))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    n, heavy = r.stdout.strip().splitlines()[-2:]
+    assert int(n) >= 6 and heavy == "[]"
+
+
+# -- item 8: the stdio server leaves with its client ----------------------------------------------
+def _alive(pid: int) -> bool:
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")
+
+
+def test_server_exits_when_its_parent_dies_though_stdin_stays_open(tmp_path, small_corpus):
+    import os
+    import signal
+
+    ws = make_workspace(tmp_path / "ws", small_corpus)
+    r_fd, w_fd = os.pipe()            # the server's stdin: this test keeps the write end open throughout
+    parent_code = ("import subprocess, sys, time\n"
+                   f"p = subprocess.Popen([sys.executable, '-m', 'mcp_server.cli', 'serve', '--workspace', "
+                   f"{str(ws.root)!r}], stdin={r_fd}, stdout=subprocess.DEVNULL, "
+                   f"stderr=open({str(tmp_path / 'server.err')!r}, 'w'))\n"
+                   "print(p.pid, flush=True)\n"
+                   "time.sleep(600)\n")
+    parent = subprocess.Popen([sys.executable, "-c", parent_code], pass_fds=(r_fd,), stdout=subprocess.PIPE,
+                              text=True)
+    os.close(r_fd)
+    try:
+        server = int(parent.stdout.readline())
+        deadline = time.time() + 60                     # let it start (it logs its parent)
+        while "on stdio for parent process" not in (tmp_path / "server.err").read_text() and time.time() < deadline:
+            time.sleep(0.2)
+        assert _alive(server)
+        os.kill(parent.pid, signal.SIGKILL)             # the client dies without closing the pipe
+        parent.wait(10)
+        deadline = time.time() + 10
+        while _alive(server) and time.time() < deadline:
+            time.sleep(0.2)
+        assert not _alive(server), "server outlived its parent"
+    finally:
+        os.close(w_fd)
+        if parent.poll() is None:
+            parent.kill()
+
+
+def test_server_exits_when_stdin_closes_during_a_tool_call(tmp_path, small_corpus):
+    """A slow call (here a train.py that sleeps) must not keep the server, or its run, alive after EOF."""
+    import json
+
+    ws = make_workspace(tmp_path / "ws", small_corpus)
+    proc = subprocess.Popen([sys.executable, "-m", "mcp_server.cli", "serve", "--workspace", str(ws.root)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+
+    def send(msg):
+        proc.stdin.write((json.dumps(msg) + "\n").encode())
+        proc.stdin.flush()
+
+    send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}})
+    proc.stdout.readline()
+    send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    send({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+          "params": {"name": "run_experiment", "arguments": {"description": "baseline"}}})
+    deadline = time.time() + 60
+    train = []
+    while not train and time.time() < deadline:          # wait until the baseline's train.py runs
+        time.sleep(0.5)
+        train = [p for p in _descendants(proc.pid) if _is_train(int(p))]
+    assert train, "train.py never started"
+    proc.stdin.close()
+    proc.wait(15)
+    deadline = time.time() + 10
+    while any(_alive(int(p)) for p in train) and time.time() < deadline:
+        time.sleep(0.2)
+    survivors = {p: open(f"/proc/{p}/cmdline", "rb").read()[:200] for p in train if _alive(int(p))}
+    assert not survivors, f"the run outlived the server: {survivors}"
+
+
+import os  # noqa: E402
+
+
+def _is_train(pid: int) -> bool:
+    try:
+        cmd = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+    except OSError:
+        return False
+    return any(c.endswith(b"train.py") for c in cmd) and _alive(pid)
+
+
+def _descendants(root: int) -> list[str]:
+    parent = {}
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                parent[p] = open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1]
+            except OSError:
+                pass
+    out, frontier = [], {str(root)}
+    while frontier:
+        kids = {p for p, pp in parent.items() if pp in frontier}
+        out += kids
+        frontier = kids
+    return out
