@@ -207,3 +207,96 @@ def test_cli_approve_reject_and_status(ws, capsys):
         assert eng.campaign["best_commit"] == exp1["commit_sha"]
         assert [(a["id"], a["status"], a["decided_by"]) for a in eng.ledger.approvals()] == [
             (1, "applied", "ana"), (2, "rejected", "ana")]
+
+
+@pytest.mark.slow
+def test_an_approved_change_behind_the_best_is_remeasured_on_it(tmp_path, small_corpus):
+    """Two keeps wait; the first is approved (the best moves); the second, approved later, no longer sits on
+    the best: it is carried onto it and trained again there (tiny fixed-step runs) before anything moves."""
+    from conftest import hobbled_bench
+
+    w = make_workspace(tmp_path / "ws", small_corpus, bench_dir=hobbled_bench(tmp_path / "bench", max_steps=16))
+    set_setting(w.root, "campaign.autonomy", "approve-keeps")
+    train = w.root / "train.py"
+    with Engine(w.root) as eng:
+        eng.run_experiment("baseline")
+        set_constant(train, "LR", "0.004")                 # the hobbled LR fixed: a large, real gain
+        a = eng.run_experiment("normal learning rate")
+        assert eng.score(a.experiment_id).verdict == "pending_approval"
+        # a second waiting keep, built on the old best (its recorded result stands in for a measured one)
+        b = fake_candidate(eng, 1.0, lr="0.0002", desc="long warm-up")
+        set_constant(train, "WARMUP_STEPS", "15")          # lines away from LR: it merges cleanly
+        sha, _ = gitops.commit_editable(w.root, ["train.py"], ".loopwright", "long warm-up")
+        eng.ledger.update_experiment(b, commit_sha=sha, source_sha=eng._sha(eng._editable_source()))
+        assert eng.score(b).verdict == "pending_approval"
+        a_commit = eng.ledger.experiment(a.experiment_id)["commit_sha"]
+    approvals.decide(w.root, 1, True, "ana", "cli")
+    assert approvals.apply_approved(w.root)[0].startswith("#1: applied")
+    set_constant(train, "DEPTH", "3")                      # the agent's uncommitted next idea
+    approvals.decide(w.root, 2, True, "ana", "cli")
+    [line] = approvals.apply_approved(w.root)
+    with Engine(w.root) as eng:
+        ap = eng.ledger.approval(2)
+        assert ap["status"] in ("stale", "applied"), (line, ap)
+        [re] = eng.ledger.experiments(eng.campaign["id"], where="description LIKE 're-measure of approved #2%'")
+        # the re-measure ran the change carried onto the new best, as a normal experiment
+        assert re["parent_commit"] == a_commit and re["status"] == "ok"
+        src = gitops.blob_bytes(w.root, re["commit_sha"], "train.py").decode()
+        assert "LR = 0.004" in src and "WARMUP_STEPS = 15" in src
+        if ap["status"] == "stale":          # not a gain on top of the new best: nothing moved
+            assert eng.campaign["best_commit"] == a_commit and line.startswith("#2: stale")
+        else:                                # a gain there too: the re-measured commit is the best
+            assert ap["status"] == "applied" and eng.campaign["best_commit"] == re["commit_sha"]
+        assert f"re-measured as #{re['id']}" in ap["outcome"]
+        assert eng.ledger.experiment(b)["verdict"] == "discard"        # superseded by its re-measure
+    now = train.read_text()
+    assert "DEPTH = 3" in now and "LR = 0.004" in now                   # the agent's edit survived
+
+
+def test_an_approved_change_that_no_longer_merges_is_a_conflict(ws):
+    exp1, _, _ = held_keep(ws, lr="0.005", desc="a")
+    with Engine(ws.root) as eng:          # a second keep on the old best, editing the very same line
+        eid = fake_candidate(eng, 1.7, lr="0.006", desc="b")
+        assert eng.score(eid).verdict == "pending_approval"
+    for aid in (1, 2):
+        approvals.decide(ws.root, aid, True, "ana", "cli")
+    lines = approvals.apply_approved(ws.root)
+    assert lines[0].startswith("#1: applied") and lines[1].startswith("#2: conflict"), lines
+    with Engine(ws.root) as eng:
+        assert eng.ledger.approval(2)["status"] == "conflict"
+        assert eng.campaign["best_commit"] == exp1["commit_sha"] == gitops.head_sha(ws.root)
+        assert eng.ledger.experiment(eid)["verdict"] == "discard"
+        assert eng.ledger.count_experiments(eng.campaign["id"], "description LIKE 're-measure%'") == 0
+
+
+def test_an_agent_session_never_holds_the_approval_signing_secrets(ws, tmp_path, monkeypatch):
+    """A launched agent with SLACK_SIGNING_SECRET could sign its own button click: the launcher drops it."""
+    from mcp_server.agents.launch import launch_session
+
+    dump = tmp_path / "env.txt"
+    fake = tmp_path / "claude"
+    fake.write_text(f"#!/bin/sh\nenv > {dump}\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("LOOPWRIGHT_CLAUDE_BIN", str(fake))
+    monkeypatch.setenv("SLACK_SIGNING_SECRET", "s3cret-slack")
+    monkeypatch.setenv("LOOPWRIGHT_JIRA_SECRET", "s3cret-jira")
+    monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-still-needed-for-notices")
+    launch_session(ws.root, "claude", max_session_minutes=1)
+    seen = dump.read_text()
+    assert "s3cret-slack" not in seen and "s3cret-jira" not in seen
+    assert "LOOPWRIGHT_SESSION_ID=" in seen and "xoxb-still-needed-for-notices" in seen
+
+
+def test_the_jira_comment_says_how_to_decide():
+    from mcp_server.notify.jira import JiraSink, comment_text
+
+    text = comment_text("approval_requested", {"approval_id": 3, "kind": "keep", "experiment_id": 5, "val_bpb": 1.2,
+                                               "delta_vs_best": -0.1, "branch": "loopwright-pending/t/3",
+                                               "description": "warm-up 5"})
+    assert "Approval #3 waits" in text and "/approve 3" in text and "/reject 3" in text and "warm-up 5" in text
+    # and the webhook's command pattern reads exactly what the comment suggests
+    from mcp_server.triggers.approval_routes import JIRA_COMMAND
+
+    assert JIRA_COMMAND.match("/approve 3").groups()[:2] == ("approve", "3")
+    assert JIRA_COMMAND.match("/loopwright reject #3 overfits").groups() == ("reject", "3", "overfits")
+    assert JIRA_COMMAND.match("please /approve 3") is None and "approval_requested" in JiraSink.kinds

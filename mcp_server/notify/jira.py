@@ -23,11 +23,18 @@ from mcp_server.notify.events import DeliveryError, Event, ledger_uid, redact
 
 log = logging.getLogger("loopwright.notify.jira")
 
-KINDS = frozenset({"campaign_start", "keep", "budget_spent", "campaign_end"})
+KINDS = frozenset({"campaign_start", "keep", "budget_spent", "campaign_end", "approval_requested"})
 END_KINDS = ("budget_spent", "campaign_end")
 
 
 def comment_text(kind: str, p: dict) -> str:
+    if kind == "approval_requested":   # the autonomy slider: how to decide from this issue
+        aid = p.get("approval_id", "?")
+        what = (f"keep of experiment #{p.get('experiment_id', '?')}: val_bpb {num(p.get('val_bpb'), '.6f')} "
+                f"({num(p.get('delta_vs_best'), '+.6f')} vs best)" if p.get("kind") == "keep" else "run (not started)")
+        return (f"Approval #{aid} waits: {what}, branch {p.get('branch', '?')}\n"
+                f"{str(p.get('description') or '')}\n"
+                f"Comment /approve {aid} or /reject {aid} <reason> (approvers only).")
     if kind == "keep":
         d_best, d_base = keep_deltas(p)
         lines = [f"New best val_bpb {num(p.get('val_bpb'), '.6f')} (experiment #{p.get('experiment_id', '?')}, "
