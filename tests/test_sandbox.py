@@ -556,3 +556,16 @@ def test_an_unsandboxed_experiment_is_on_the_record(real_ws, monkeypatch):
     assert eng.ledger.events(c["id"], kind="unsafe_no_sandbox")
     eng.close()
     assert runner.TrainResult("ok", 0, "", 0.0).sandbox == "unknown"
+
+
+def test_doctor_says_which_sandbox_is_active(capsys, tmp_path, monkeypatch):
+    from mcp_server.cli.doctor import run_doctor
+
+    run_doctor(str(tmp_path), skip_server=True)
+    line = next(l for l in capsys.readouterr().out.splitlines() if "sandbox:" in l)
+    assert ("bubblewrap" in line and line.startswith("✔")) if INFO.kind == "bwrap" else line.startswith("✘")
+    monkeypatch.setitem(sandbox._CACHE, "info", sandbox.SandboxInfo("none", None, "bwrap is not installed"))
+    monkeypatch.setenv(sandbox.UNSAFE_ENV, "1")
+    run_doctor(str(tmp_path), skip_server=True)
+    out = capsys.readouterr().out
+    assert "✘ sandbox: NONE" in out and "UNSAFE" in out and "apt-get install bubblewrap" in out

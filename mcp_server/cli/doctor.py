@@ -142,9 +142,18 @@ def _client_checks() -> list[Check]:
     return out
 
 
+def _sandbox_checks() -> list[Check]:
+    """Which OS sandbox train.py and the evaluator run in (or that none can be made)."""
+    from mcp_server.loop import sandbox
+
+    ok, line = sandbox.mode_line()
+    return [Check(ok, line, "" if ok else sandbox.INSTALL_HINT)]
+
+
 def run_doctor(workspace: Optional[str], skip_server: bool = False) -> int:
     checks, root = _workspace_checks(workspace)
     checks += _hook_checks(root)
+    checks += _sandbox_checks()
     if not skip_server:
         checks += _server_check(root)
     checks += _client_checks()
