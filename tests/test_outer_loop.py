@@ -375,3 +375,19 @@ def test_claude_code_runs_an_outer_session(tmp_path, small_corpus, monkeypatch):
         row = eng.ledger.mechanism(name="least")
         assert row["status"] == "reverted" and "did not help" in row["reason"]
         assert row["author"] == f"session {sid}"
+
+
+def test_builtin_outer_session_and_codex_outer_wiring(ws):
+    """`launch --level outer --agent builtin` runs one step of the built-in outer loop, recorded as a
+    session; Codex gets the outer server (and only it) under its own name."""
+    from mcp_server.agents.launch import codex_overrides, launch_session
+
+    add_rows(ws, "kdd")
+    sid = launch_session(ws.root, "builtin", trigger="manual", max_session_minutes=2, level="outer")
+    with ws.ledger() as led:
+        assert led.session(sid)["exit_code"] == 0, led.session(sid)["detail"]
+        active = led.mechanisms(("active",))
+    assert len(active) == 1 and active[0]["name"] in registry.library_code() and active[0]["author"] == "builtin-outer"
+    over = " ".join(codex_overrides(ws.root, sys.executable, 600, level="outer"))
+    assert 'mcp_servers.loopwright_outer.args=["-m", "mcp_server.cli", "serve", "--level", "outer"' in over
+    assert "mcp_servers.loopwright." not in over
