@@ -92,6 +92,8 @@ def test_approve_applies_once_and_records_who(ws):
         assert eng.ledger.experiment(exp["id"])["verdict"] == "keep"
         assert [e["payload"]["approved_by"] for e in eng.ledger.events(c["id"], kind="keep")] == ["ana"]
         assert [e["payload"]["decision"] for e in eng.ledger.events(c["id"], kind="approval_decided")] == ["approved"]
+        report = "\n".join(approvals.report_section(eng.ledger, c["id"]))   # report.md's audit trail
+        assert "| 1 | keep |" in report and "| applied | ana | cli |" in report and "Nothing waits." in report
 
 
 def test_reject_discards_and_the_branch_stays(ws):
@@ -300,3 +302,38 @@ def test_the_jira_comment_says_how_to_decide():
     assert JIRA_COMMAND.match("/approve 3").groups()[:2] == ("approve", "3")
     assert JIRA_COMMAND.match("/loopwright reject #3 overfits").groups() == ("reject", "3", "overfits")
     assert JIRA_COMMAND.match("please /approve 3") is None and "approval_requested" in JiraSink.kinds
+
+
+@pytest.mark.slow
+def test_approve_runs_holds_a_change_before_it_runs(tmp_path, small_corpus):
+    from e2e_support import fast_workspace
+    from mcp_server.loop.status import loop_status
+
+    root = fast_workspace(tmp_path, small_corpus, max_experiments=10)
+    set_setting(root, "campaign.autonomy", "approve-runs")
+    train = root / "train.py"
+    with Engine(root) as eng:
+        eng.run_experiment("baseline")                       # the pinned code runs without a person
+        c = eng.campaign
+        n_before = eng.ledger.count_experiments(c["id"])
+        set_constant(train, "LR", "0.004")
+        held = eng.run_experiment("normal learning rate")
+        assert held.status == "pending_approval" and held.experiment_id is None and held.approval_id == 1
+        assert "Nothing ran" in held.next_step
+        assert eng.ledger.count_experiments(c["id"]) == n_before            # nothing trained, nothing counted
+        assert gitops.head_sha(root) == c["best_commit"] and "LR = 0.0002" in train.read_text()
+        a = eng.ledger.approval(1)
+        assert a["kind"] == "run" and "LR = 0.004" in gitops.blob_bytes(root, a["commit_sha"], "train.py").decode()
+        assert "+LR = 0.004" in eng.ledger.events(c["id"], kind="approval_requested")[-1]["payload"]["diff"]
+        set_constant(train, "LR", "0.004")                   # the same change again: the same approval
+        assert eng.run_experiment("again").approval_id == 1 and len(eng.ledger.approvals()) == 1
+    st = loop_status(root)                                   # nothing to do but wait: the agent may stop
+    assert st["should_stop"] is True and "wait for a person" in st["reason"]
+    approvals.decide(root, 1, True, "ana", "cli")
+    assert loop_status(root)["should_stop"] is False
+    with Engine(root) as eng:                                # train.py at the best: the approved change runs
+        res = eng.run_experiment("approved: normal learning rate")
+        assert res.status == "ok", res
+        row = eng.ledger.experiment(res.experiment_id)
+        assert "LR = 0.004" in gitops.blob_bytes(root, row["commit_sha"], "train.py").decode()
+        assert eng.ledger.approval(1)["status"] == "ran"

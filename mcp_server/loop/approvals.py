@@ -122,6 +122,25 @@ def describe(a: dict) -> str:
     return f"#{a['id']} {a['status']}{dec}: {what}: {a['description'][:70]} [{a['branch']}{left}]"
 
 
+def report_section(ledger, campaign_id: int) -> list[str]:
+    """For report.md: every approval, decided or waiting, with who decided, through what and when."""
+    rows = ledger.approvals(campaign_id)
+    if not rows:
+        return []
+    out = ["## Approvals (autonomy slider)", "", "| # | kind | change | status | decided by | via | when | outcome |",
+           "|---|---|---|---|---|---|---|---|"]
+    for a in rows:
+        what = (f"#{a['experiment_id']} {a['description']}" if a["kind"] == "keep" else a["branch"] or "")
+        what = what.replace("|", "\\|").replace("\n", " ")[:80]
+        when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(a["decided_at"])) if a["decided_at"] else ""
+        outcome = (a["outcome"] or a["decision_note"] or "").replace("|", "\\|").replace("\n", " ")[:100]
+        out.append(f"| {a['id']} | {a['kind']} | {what} | {a['status']} | {a['decided_by'] or ''} | "
+                   f"{a['decided_via'] or ''} | {when} | {outcome} |")
+    waiting = sum(a["status"] in ("pending", "approved") for a in rows)
+    out += ["", f"{waiting} waiting." if waiting else "Nothing waits.", ""]
+    return out
+
+
 def blocks_agent(ws, ledger, campaign_id: int) -> Optional[str]:
     """Why everything waits on a person (the agent may stop), or None while it has work to do."""
     pending = ledger.approvals(campaign_id, statuses=("pending",))

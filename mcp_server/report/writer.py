@@ -59,6 +59,7 @@ class ReportData:
     reference_runs: int = 0
     replay: Optional[object] = None        # loop.replay.ReplayResult of the latest replay, if one was run
     mechanism_lines: list[str] = field(default_factory=list)   # mechanisms/report.py: the outer loop's section
+    approval_lines: list[str] = field(default_factory=list)    # loop/approvals.py: what waited on a person
 
     @property
     def n(self) -> int:
@@ -325,6 +326,7 @@ def render_markdown(data: ReportData, plot_name: str = "progress.png", tsv_name:
                      f"{k.outcome} |")
         L.append("")
     L += data.mechanism_lines
+    L += data.approval_lines
     L += ["## Crashes", ""]
     if data.crashed:
         L += ["| experiment | description | status | reason |", "|---|---|---|---|"]
@@ -389,6 +391,8 @@ def write_report(workspace: Path | str | None = None) -> ReportFiles:
         data.replay = latest(eng.ledger, c["id"])
         from mcp_server.mechanisms.report import section as mechanism_section
         data.mechanism_lines = mechanism_section(eng.ledger, c["id"], rows)
+        from mcp_server.loop.approvals import report_section
+        data.approval_lines = report_section(eng.ledger, c["id"])
         out = eng.ws.reports_dir
         out.mkdir(parents=True, exist_ok=True)
         plot = plot_progress(data, out / "progress.png")
