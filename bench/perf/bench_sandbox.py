@@ -1,0 +1,130 @@
+"""What the OS sandbox costs an honest train.py: tokens/s with and without bubblewrap.
+
+    python bench/perf/bench_sandbox.py                 # 6 pairs, 150 steps each
+    python bench/perf/bench_sandbox.py --pairs 3 --steps 60 --out sandbox.json
+
+Both arms go through the loop's own runner (mcp_server.loop.runner.run_training) on one fresh
+workspace of the bundled benchmark: the sandboxed arm exactly as the loop runs it, the other with
+the sandbox switched off as --unsafe-no-sandbox would. Training is bounded by a step count
+(MAX_STEPS, same work in both arms; the time budget is only a cap). Arms are interleaved (off, on,
+off, on, ...) and the order within a pair alternates, so drifts in machine load hit both.
+
+Figure of merit: tokens/s of training = total_tokens / training_seconds, as train.py reports them
+(the training loop only, so the sandbox's start-up is measured separately: the runner's wall time
+minus train.py's own total_seconds, per run). The summary gives the median and the spread (min..max)
+per arm, the median of the paired ratios on/off, and the load average before and after.
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from mcp_server.loop import runner, sandbox  # noqa: E402
+from mcp_server.loop.workspace import init_workspace  # noqa: E402
+
+
+def small_corpus(dest: Path, max_bytes: int = 2_000_000) -> Path:
+    """Standard-library sources cut into ~3 KB documents (offline, deterministic)."""
+    import sysconfig
+    dest.mkdir(parents=True, exist_ok=True)
+    total = 0
+    for f in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
+        data = f.read_bytes()
+        for i in range(0, len(data), 3000):
+            (dest / f"{f.name}_{i}.txt").write_bytes(data[i:i + 3000])
+        total += len(data)
+        if total >= max_bytes:
+            break
+    return dest
+
+
+def one_run(ws, run_dir: Path, sandboxed: bool, seed: int) -> dict:
+    saved = dict(sandbox._CACHE)
+    if not sandboxed:   # what --unsafe-no-sandbox does where no sandbox can be made
+        sandbox._CACHE["info"] = sandbox.SandboxInfo("none", None, "switched off for the benchmark")
+        os.environ[sandbox.UNSAFE_ENV] = "1"
+    try:
+        tr = runner.run_training(ws, run_dir, seed)
+    finally:
+        sandbox._CACHE.clear()
+        sandbox._CACHE.update(saved)
+        os.environ.pop(sandbox.UNSAFE_ENV, None)
+    if tr.status != "ok":
+        raise SystemExit(f"run failed ({tr.status}: {tr.reason}):\n{tr.log_tail}")
+    s = tr.summary
+    return {"sandbox": tr.sandbox, "tokens_per_s": s["total_tokens_M"] * 1e6 / s["training_seconds"],
+            "training_seconds": s["training_seconds"], "steps": s["num_steps"],
+            "startup_overhead_s": tr.wall_seconds - s.get("total_seconds", tr.wall_seconds),
+            "wall_s": tr.wall_seconds}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--pairs", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads of train.py (0 = its default)")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    info = sandbox.detect()
+    if info.kind != "bwrap":
+        raise SystemExit(f"needs bubblewrap: {info.detail}")
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-sandbox-"))
+    os.environ.setdefault("LOOPWRIGHT_HOME", str(tmp / "home"))
+    try:
+        ws = init_workspace(tmp / "ws", tag="bench", corpus=str(small_corpus(tmp / "corpus")),
+                            overrides={"benchmark": {"time_budget": 600.0, "grace_seconds": 120.0}})
+        src = (ws.root / "train.py").read_text()
+        src, n = re.subn(r"^MAX_STEPS = [^\s#]+", f"MAX_STEPS = {args.steps}", src, count=1, flags=re.M)
+        assert n == 1
+        if args.threads:
+            src = src.replace("import torch\n", f"import torch\ntorch.set_num_threads({args.threads})\n", 1)
+        (ws.root / "train.py").write_text(src)
+        load_before = os.getloadavg()
+        runs = []
+        k = 0
+        for p in range(args.pairs):
+            order = (False, True) if p % 2 == 0 else (True, False)
+            pair = {}
+            for sandboxed in order:
+                k += 1
+                r = one_run(ws, ws.run_dir(k), sandboxed, seed=p)
+                pair[sandboxed] = r
+                print(f"pair {p} {'sandbox' if sandboxed else 'bare   '}: {r['tokens_per_s']:8.0f} tok/s, "
+                      f"{r['steps']:.0f} steps in {r['training_seconds']:.1f} s, start-up overhead "
+                      f"{r['startup_overhead_s']:.2f} s, load {os.getloadavg()[0]:.1f}", flush=True)
+            runs.append(pair)
+        load_after = os.getloadavg()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    def stats(xs):
+        return {"median": statistics.median(xs), "min": min(xs), "max": max(xs),
+                "stdev": statistics.stdev(xs) if len(xs) > 1 else 0.0}
+
+    on = [p[True]["tokens_per_s"] for p in runs]
+    off = [p[False]["tokens_per_s"] for p in runs]
+    ratios = [p[True]["tokens_per_s"] / p[False]["tokens_per_s"] for p in runs]
+    overhead = [p[True]["startup_overhead_s"] - p[False]["startup_overhead_s"] for p in runs]
+    result = {"pairs": args.pairs, "steps": args.steps, "threads": args.threads, "sandbox": info.detail,
+              "tokens_per_s_sandboxed": stats(on), "tokens_per_s_bare": stats(off),
+              "ratio_sandboxed_over_bare": stats(ratios), "slowdown_percent_median": (1 - statistics.median(ratios)) * 100,
+              "extra_startup_s": stats(overhead), "loadavg_before": load_before, "loadavg_after": load_after,
+              "cpus": os.cpu_count()}
+    print(json.dumps(result, indent=2))
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
