@@ -178,7 +178,10 @@ def codex_block(root: Path) -> str:
 
 def write_codex_config(root: Path, config_path: Path) -> str:
     """Add (or replace) loopwright's managed block in a Codex config.toml; the rest is left untouched."""
-    import tomllib
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
 
     block = codex_block(root)
     text = config_path.read_text() if config_path.is_file() else ""
