@@ -279,6 +279,8 @@ class Engine:
             c = self.campaign   # an approved keep may have moved the best
             baseline, refs = None, []
             first = not self.ledger.baseline_samples(c["id"])
+            if confirm_of is None and not first:
+                self._refuse_non_change(c)   # before the reference runs: a non-change must cost no runs
             if confirm_of is None:
                 # the reference must have a run on every seed of the (possibly fresh) seed set
                 set_index, seeds = self.seed_set(c, rotate=not first)
@@ -338,7 +340,9 @@ class Engine:
                        f"(detectable effect ~{baseline.mde:.4f}). Edit train.py and call "
                        "run_experiment(description, hypothesis)."))
 
-    def _run_candidate(self, c, description, hypothesis, on_progress, session_id) -> ExperimentResult:
+    def _refuse_non_change(self, c) -> str:
+        """train.py's source, unless it is no real change from the best version (then a LoopError saying
+        what it is: identical, comments/whitespace only, or seed only)."""
         src = self._editable_source()
         best_src = self._committed_source(c["best_commit"])
         if src == best_src:
@@ -350,6 +354,10 @@ class Engine:
         if verdict.seed_only_change(best_src, src):
             raise LoopError("this change only touches the random seed; a seed change can never be kept "
                             "(the runner picks seeds). Try a real change to the model or training.")
+        return src
+
+    def _run_candidate(self, c, description, hypothesis, on_progress, session_id) -> ExperimentResult:
+        src = self._refuse_non_change(c)
         sha = self._sha(src)
         prior = self.ledger.experiments(c["id"], where="source_sha=? AND confirm_of IS NULL AND status!='interrupted'",
                                         params=(sha,), limit=1)
