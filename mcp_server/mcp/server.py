@@ -30,6 +30,7 @@ log = logging.getLogger("loopwright.server")
 INSTRUCTIONS = """loopwright runs a closed research loop on this workspace. Only train.py may be edited.
 Loop: state_read -> edit train.py -> run_experiment(description, hypothesis) -> score -> budget_check -> note.
 A 'retest' verdict means: run_experiment(confirm_of=ID) without editing, then score(ID).
+A 'pending_approval' verdict (or run status) means a person decides that change; go on from the best.
 Never stop to ask whether to continue; stop only when budget_check says should_stop."""
 
 View = Literal["summary", "history", "best", "notes", "noise", "tried"]

@@ -4,7 +4,10 @@ Endpoints (each verifies its sender's HMAC over the raw body with hmac.compare_d
   POST /github  X-Hub-Signature-256: sha256=HMAC(secret, body); deduped by X-GitHub-Delivery
   POST /slack   slash command; X-Slack-Signature: v0=HMAC(secret, "v0:{ts}:{body}") with
                 X-Slack-Request-Timestamp inside the window; `start`, `status`, `stop [reason]`
-  POST /jira    X-Hub-Signature: sha256=HMAC(secret, body); deduped by X-Atlassian-Webhook-Identifier
+  POST /slack/interactive  Slack's Approve / Reject buttons (autonomy slider), signed as /slack;
+                a replayed request does nothing (approval_routes.py)
+  POST /jira    X-Hub-Signature: sha256=HMAC(secret, body); deduped by X-Atlassian-Webhook-Identifier;
+                also `/approve N`, `/reject N why` on the campaign's issue
   POST /hook    generic: X-Loopwright-Signature: sha256=HMAC(secret, "{ts}.{body}"),
                 X-Loopwright-Timestamp inside the window, deduped by X-Loopwright-Delivery
   GET  /healthz
