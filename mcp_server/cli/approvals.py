@@ -48,6 +48,8 @@ def approve(args) -> int:
                   f"{a['decided_via']}; nothing changed")
             return 1
         print(f"approval #{a['id']} approved by {a['decided_by']}")
+        if a["kind"] == "run":
+            print(f"the change on {a['branch']} runs at the agent's next run_experiment (train.py at the best)")
         if args.no_apply:
             return 0
     lines = approvals.apply_approved(

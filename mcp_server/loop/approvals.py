@@ -211,7 +211,7 @@ def before_run(eng, c: dict, confirm_of: Optional[int], on_progress=None):
     person approves it (returns the ExperimentResult for the agent), else None (run as usual)."""
     led, ws = eng.ledger, eng.ws
     expire_due(eng)
-    if _person_approved(eng) or not led.baseline_samples(c["id"]):
+    if _person_approved(eng):
         return None
     if gitops.head_sha(ws.root) == c["best_commit"]:
         for a in led.approvals(c["id"], statuses=("approved",), kind="keep"):
@@ -222,8 +222,8 @@ def before_run(eng, c: dict, confirm_of: Optional[int], on_progress=None):
         return None
     src, best_src = eng._editable_source(), eng._committed_source(c["best_commit"])
     approved = led.approvals(c["id"], statuses=("approved",), kind="run")
-    if src == best_src:
-        if approved:   # train.py at the best: run the oldest approved change
+    if src == best_src:   # (also the first call: the baseline is the pinned code, it needs no person)
+        if approved and led.baseline_samples(c["id"]):   # train.py at the best: run the oldest approved change
             a = approved[0]
             gitops.checkout_files(ws.root, a["commit_sha"], ws.cfg.paths.editable)
             led.settle_approval(a["id"], "ran", "started by run_experiment")
