@@ -80,6 +80,23 @@ class NaNs(nn.Module):
         return torch.full((idx.shape[0], idx.shape[1], V), float("nan"))
 
 
+class LeakAt(Bigram):
+    """Cheats at a few positions only: the logits at each position t in `positions` (the same in
+    every row) also see token t+1. The old probe (one random cut per row) let 2 such positions
+    through 94 % of the time."""
+
+    def __init__(self, positions, seed=0):
+        super().__init__(seed)
+        mask = torch.zeros(1, 1 << 12, 1)
+        mask[0, list(positions), 0] = 1.0
+        self.register_buffer("mask", mask)
+
+    def forward(self, idx):
+        T = idx.shape[1]
+        nxt = torch.roll(idx, -1, dims=1)
+        return self.table[idx] + self.mask[:, :T] * self.table[nxt]
+
+
 class Stateful(nn.Module):
     """Causal, but counts its calls in a buffer (state carried between batches): not allowed."""
 
@@ -127,9 +144,9 @@ def names_in(prep, split, prefix, n):
 @pytest.fixture(scope="module")
 def hand_ws(tmp_path_factory):
     """Hand-made data: val = 4 documents "aaaaaaaaaa", test = 4 documents "bbbbbbbbbb",
-    SEQ_LEN 8, EVAL_TOKENS 32 (4 windows: one padded eval batch of 8 rows)."""
+    SEQ_LEN 8, EVAL_TOKENS 40 (5 windows spread over the 44 tokens: one padded eval batch of 8 rows)."""
     root = tmp_path_factory.mktemp("hand")
-    d = bench_dir(root / "ws", seq_len=8, eval_tokens=32)
+    d = bench_dir(root / "ws", seq_len=8, eval_tokens=40)
     prep = load_prepare(d)
     corpus = root / "corpus"
     corpus.mkdir()
@@ -166,11 +183,13 @@ def test_hand_computed_case_and_separators(hand_ws, tmp_path):
     model = Constant(ord("a"), math.log(255))
     code, res, proc = evaluate(hand_ws, export(prep, model, tmp_path / "half.pt2"))
     assert code == 0, proc.stdout + proc.stderr
-    # targets = stream positions 1..32; positions 11 and 22 are separators: excluded from nats AND bytes
-    assert res["val_tokens"] == 32 and res["val_bytes"] == 30
+    # windows start at 0, 8, 17, 26, 35 (spread over the split): targets 1-8, 9-16, 18-25, 27-34, 36-43;
+    # the separators at 11, 22 and 33 are among them: excluded from nats AND bytes
+    assert prep.eval_starts(len(val), 40).tolist() == [0, 8, 17, 26, 35]
+    assert res["val_tokens"] == 40 and res["val_bytes"] == 37
     assert res["val_bpb"] == pytest.approx(1.0, abs=1e-6)  # 1 bit for each "a" (float32 logits)
     # test split: every 'b' has p = 1/510
-    assert res["test_bytes"] == 30
+    assert res["test_bytes"] == 37
     assert res["test_bpb"] == pytest.approx(math.log2(510), abs=1e-6)
 
 
@@ -200,6 +219,53 @@ def test_probe_rejects_non_causal_models_every_time(prep, cls):
     for _ in range(5):  # cut points are random: the cheat must be caught on every draw
         with pytest.raises(prep.EvalError, match="causality probe failed"):
             prep.causality_probe(model, tokens, V)
+
+
+def test_probe_catches_a_leak_at_one_or_two_positions_every_time(prep):
+    """The probe tries every cut position, so a leak of the next token at any single position
+    cannot slip through, wherever it is (random positions, several draws of the probe)."""
+    import random
+
+    tokens = prep._tokens("val")
+    rng = random.Random(1234)
+    for _ in range(12):
+        positions = rng.sample(range(prep.SEQ_LEN - 1), rng.choice((1, 2)))
+        model = LeakAt(positions, seed=rng.randrange(1000))
+        with pytest.raises(prep.EvalError, match="causality probe failed"):
+            prep.causality_probe(model, tokens, V)
+    # the first and last positions that can leak at all
+    for pos in (0, prep.SEQ_LEN - 2):
+        with pytest.raises(prep.EvalError, match="causality probe failed"):
+            prep.causality_probe(LeakAt([pos]), tokens, V)
+
+
+def test_probe_costs_a_few_dozen_forward_passes_on_scored_batches(prep):
+    """Exhaustive over positions, yet ceil((SEQ_LEN-1)/B_EVAL) + 1 + 2*log2(B_EVAL) passes; the
+    base input is one of the batches that will be scored (the model cannot tell probe from scoring)."""
+    tokens = prep._tokens("val")
+    starts = prep.eval_starts(len(tokens), prep.EVAL_TOKENS)
+    scored = {tuple(tokens[s:s + prep.SEQ_LEN].tolist()) for s in starts}
+    seen = []
+
+    def forward(x):
+        seen.append(x.clone())
+        return Bigram()(x)
+
+    prep.causality_probe(forward, tokens, V)
+    expected = 1 + math.ceil((prep.SEQ_LEN - 1) / prep.B_EVAL) + 2 * (prep.B_EVAL - 1).bit_length()
+    assert len(seen) == expected
+    assert all(tuple(row.tolist()) in scored for row in seen[0])
+
+
+def test_scored_windows_are_spread_over_the_whole_split(prep):
+    T = prep.SEQ_LEN
+    starts = prep.eval_starts(100_000, 20 * T)
+    assert len(starts) == 20 and starts[0] == 0 and starts[-1] == 100_000 - 1 - T
+    assert (np.diff(starts) >= T).all()             # never overlapping
+    whole = prep.eval_starts(10 * T + 1, 10**9)     # asking for more than there is: every window, back to back
+    assert whole.tolist() == [i * T for i in range(10)]
+    with pytest.raises(prep.EvalError, match="fewer than SEQ_LEN"):
+        prep.eval_starts(T, 4096)
 
 
 def test_probe_accepts_causal_models(prep):
@@ -292,7 +358,7 @@ def test_scoring_ignores_edited_meta_fields(hand_ws, tmp_path):
     meta["separator"] = ord("a")  # would drop every 'a' from the sums
     meta_path.write_text(json.dumps(meta))
     res = prep.evaluate_exported(model)
-    assert res["val_bytes"] == 30 and res["val_bpb"] == pytest.approx(1.0, abs=1e-6)
+    assert res["val_bytes"] == 37 and res["val_bpb"] == pytest.approx(1.0, abs=1e-6)
     del meta["files"]["val.bin"]  # would skip the hash check of val.bin
     meta_path.write_text(json.dumps(meta))
     with pytest.raises(prep.DataError, match="no hash for val.bin"):
@@ -421,8 +487,150 @@ def test_dataloader_is_seeded_and_shifted(prep):
     assert xa.shape == (4, prep.SEQ_LEN) and xa.dtype == torch.long
     assert torch.equal(xa, xb) and torch.equal(ya, yb) and not torch.equal(xa, xc)
     assert torch.equal(xa[:, 1:], ya[:, :-1])
-    with pytest.raises(ValueError, match="only the train split"):
-        prep.make_dataloader("val", batch_size=4)
+    with pytest.raises(ValueError, match="only .train."):
+        prep.make_dataloader("val", batch_size=4)  # val and test decide the score
+
+
+def test_train_eval_is_a_held_out_tail_that_training_never_samples(ws, prep):
+    train = prep._tokens("train")
+    n_tail = prep._train_eval_size(len(train))
+    assert 0 < n_tail <= len(train) // 20
+    loader = prep.make_dataloader("train", batch_size=64, seed=3)
+    assert np.array_equal(loader.tokens, train[:len(train) - n_tail])   # windows are drawn inside this prefix
+    for _ in range(20):
+        x, y = next(loader)
+        assert int(y.max()) < V
+    tail = prep.make_dataloader("train_eval", batch_size=4, seed=3)
+    assert np.array_equal(tail.tokens, train[len(train) - n_tail:])
+    # the quick eval scores the tail: the same number as the metric computed on it directly
+    model = Bigram(seed=5)
+    tb = prep._token_bytes(prep.load_meta(), prep.DATA_DIR)
+    nats, nbytes, _ = prep.bpb_sums(model, train[len(train) - n_tail:], tb, 2048)
+    assert prep.evaluate_bpb(model, max_tokens=2048) == pytest.approx(nats / (math.log(2) * nbytes), rel=1e-12)
+    # the tail never counts as training tokens for the steps clock
+    before = prep._served["train"]
+    next(tail)
+    assert prep._served["train"] == before
+    next(loader)
+    assert prep._served["train"] == before + 64 * prep.SEQ_LEN
+    with pytest.raises(ValueError, match="val and test decide the score"):
+        prep.make_dataloader("val")
+
+
+# --------------------------------------------------------------------------- budget clock
+
+def test_cpu_clock_charges_own_cpu_seconds_not_waiting(prep):
+    """Sleeping (as when other jobs hold the CPU) does not move the cpu clock; work does."""
+    import time
+
+    cpu = prep.TrainingBudget(clock="cpu", since_process_start=False)
+    wall = prep.TrainingBudget(clock="wall", since_process_start=False)
+    time.sleep(0.5)
+    assert cpu.elapsed < 0.1 and wall.elapsed >= 0.5
+    t0 = time.process_time()
+    while time.process_time() - t0 < 0.3:
+        pass
+    assert 0.25 < cpu.elapsed < 0.5
+    assert cpu.remaining == pytest.approx(prep.TIME_BUDGET - cpu.elapsed, abs=0.05)
+
+
+def test_cpu_clock_counts_child_processes(prep):
+    """Work moved into a child process is charged too (a live child via /proc, a reaped one via rusage)."""
+    import subprocess
+    import sys
+
+    budget = prep.TrainingBudget(clock="cpu", since_process_start=False)
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass\nimport sys; sys.stdin.read()"
+    child = subprocess.Popen([sys.executable, "-c", burn], stdin=subprocess.PIPE)
+    try:
+        import time
+        deadline = time.time() + 30
+        while budget.elapsed < 0.4 and time.time() < deadline:   # alive: read from /proc
+            time.sleep(0.05)
+        assert budget.elapsed >= 0.4
+    finally:
+        child.communicate(b"")
+    assert budget.elapsed >= 0.4  # reaped: in RUSAGE_CHILDREN
+
+
+def test_steps_clock_counts_training_tokens_so_batch_size_buys_no_data(ws, prep, monkeypatch):
+    monkeypatch.setattr(prep, "BUDGET_TOKENS", 10 * 8 * prep.SEQ_LEN)
+    for batch, steps in ((8, 10), (16, 5), (3, 26)):
+        loader = prep.make_dataloader("train", batch_size=batch, seed=0)
+        budget = prep.start_budget(clock="steps", print_every=1e9)
+        fractions = []
+        while True:
+            next(loader)
+            fractions.append(budget.progress())
+            if budget.step(1.0):
+                break
+        assert budget.steps == steps and budget.tokens <= prep.BUDGET_TOKENS
+        assert budget.tokens + batch * prep.SEQ_LEN > prep.BUDGET_TOKENS   # stops only when one more would not fit
+        assert fractions == sorted(fractions) and fractions[0] == 0.0
+    budget = prep.start_budget(clock="steps", print_every=1e9)
+    with pytest.raises(RuntimeError, match="make_dataloader"):
+        budget.step(1.0)   # no batch drawn from the training dataloader
+
+
+def test_time_clock_stops_before_the_budget_and_reserves_the_eval(prep, monkeypatch, capsys):
+    import time
+
+    monkeypatch.setattr(prep, "TIME_BUDGET", 3.0)
+    loader = prep.make_dataloader("train", batch_size=2, seed=0)
+    budget = prep.start_budget(Bigram(), eval_tokens=4 * 2 * prep.SEQ_LEN, print_every=0.5,
+                               clock="wall", since_process_start=False)
+    while True:
+        next(loader)
+        time.sleep(0.05)
+        if budget.step(torch.tensor(2.5)):
+            break
+    # the quick eval (4 steps' worth of tokens, a third of the cost each) and the export are left over
+    assert budget.elapsed <= 3.0 - budget._export
+    assert budget.steps > 10 and 0.9 <= budget.progress() <= 1.0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines and all(line.startswith("step=") and "loss=2.500000" in line for line in lines)
+    budget.summary(train_eval_bpb=1.25, depth=4)
+    out = capsys.readouterr().out.splitlines()
+    block = dict(line.split(":", 1) for line in out[out.index("---") + 1:])
+    assert list(block)[:2] == ["train_eval_bpb", "depth"] and block["train_eval_bpb"].strip() == "1.25"
+    assert block["clock"].strip() == "wall" and float(block["budget_used"]) <= 1.0
+    assert int(block["num_steps"]) == budget.steps and float(block["cpu_seconds"]) >= 0
+
+
+def test_a_diverged_loss_ends_the_run_with_a_nan_line(prep, capsys):
+    budget = prep.start_budget(clock="wall", since_process_start=False)
+    with pytest.raises(SystemExit) as e:
+        budget.step(float("nan"))
+    assert e.value.code == 1 and "loss=nan -- diverged" in capsys.readouterr().out
+
+
+def test_clock_config_and_hard_limits(tmp_path):
+    """prepare.py and the loop's config model agree on defaults and on the hard limit per clock;
+    an unknown clock is refused by both with the list of valid ones."""
+    from mcp_server.loop.config import ConfigError, parse_config
+
+    default = load_prepare(bench_dir(tmp_path / "default"))
+    cfg = parse_config("").benchmark
+    assert (default.TIME_BUDGET, default.CLOCK, default.BUDGET_TOKENS, default.GRACE_SECONDS, default.SEQ_LEN,
+            default.EVAL_TOKENS, default.CORPUS, default.TOKENIZER) == (
+        cfg.time_budget, cfg.clock, cfg.budget_tokens, cfg.grace_seconds, cfg.seq_len, cfg.eval_tokens,
+        cfg.corpus, cfg.tokenizer)
+    for clock in ("wall", "cpu", "steps", "auto"):
+        d = bench_dir(tmp_path / clock, clock=clock, time_budget=20.0, grace_seconds=5.0, budget_tokens=4096)
+        prep = load_prepare(d)
+        cfg = parse_config((d / "loopwright.toml").read_text()).benchmark
+        assert prep.hard_limit_seconds() == cfg.hard_limit_seconds() == (25.0 if clock == "wall" else 85.0)
+        assert prep.active_clock() == ("cpu" if clock == "auto" and not torch.cuda.is_available() else
+                                       prep.active_clock() if clock == "auto" else clock)
+        if clock == "cpu":   # the runner may also ask the pinned prepare.py itself (one torch import: once)
+            code, res, proc = run_cli(d, "limits")
+            assert code == 0 and res["hard_limit_seconds"] == cfg.hard_limit_seconds(), proc.stderr
+    bad = bench_dir(tmp_path / "bad", clock="gpu")
+    with pytest.raises(ValueError, match="use one of wall, cpu, steps, auto"):
+        load_prepare(bad).active_clock()
+    with pytest.raises(ConfigError, match="benchmark.clock: .*not a budget clock"):
+        parse_config('[benchmark]\nclock = "gpu"\n')
+    assert parse_config('[benchmark]\nclock = "cpu"\n').frozen_hash() != parse_config("").frozen_hash()
 
 
 def test_constants_come_from_the_toml_next_to_prepare(ws, prep, monkeypatch):

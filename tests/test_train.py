@@ -18,8 +18,8 @@ import torch
 from bench_helpers import BENCH, bench_dir, evaluate, parse_summary, run_cli, text_corpus
 
 PROGRESS = re.compile(r"^step=(\d+) loss=([0-9.]+) elapsed=([0-9.]+) remaining=([0-9.]+)$")
-SUMMARY_KEYS = {"val_bpb", "training_seconds", "total_seconds", "mfu_percent", "total_tokens_M",
-                "num_steps", "num_params_M", "depth"}
+SUMMARY_KEYS = {"train_eval_bpb", "training_seconds", "total_seconds", "mfu_percent", "total_tokens_M",
+                "num_steps", "num_params_M", "depth", "final_loss", "clock", "budget_used", "cpu_seconds"}
 # What the process may take beyond the budget: the summary's total_seconds is
 # measured from train.py's first line, so interpreter start-up and exit are
 # not in it; on a busy shared CI machine a step or an export can also run long.
@@ -61,7 +61,8 @@ def test_hyperparameters_are_top_level_literals():
 @pytest.mark.slow
 def test_cpu_run_fits_the_budget_and_scores_far_below_8(tmp_path):
     budget = 30.0
-    d = bench_dir(tmp_path / "ws", train=True, time_budget=budget, eval_tokens=16384)  # a quicker evaluation
+    d = bench_dir(tmp_path / "ws", train=True, time_budget=budget, eval_tokens=16384,  # a quicker evaluation
+                  clock="wall")
     code, _, proc = run_cli(d, "prepare")  # the default corpus: stdlib, offline
     assert code == 0, proc.stderr
     model = tmp_path / "run" / "model.pt2"
@@ -82,6 +83,7 @@ def test_cpu_run_fits_the_budget_and_scores_far_below_8(tmp_path):
     assert float(summary["total_seconds"]) <= budget + GRACE_S, log
     assert wall <= budget + GRACE_S, (wall, log)
     assert int(summary["num_steps"]) == steps[-1] and float(summary["mfu_percent"]) > 0
+    assert summary["clock"] == "wall" and 0.8 < float(summary["budget_used"]) <= 1.0
 
     assert model.is_file()
     code, res, ev = evaluate(d, model)
@@ -89,7 +91,7 @@ def test_cpu_run_fits_the_budget_and_scores_far_below_8(tmp_path):
     assert res["causal"] is True
     # uniform = 8.0; ~3.3 after 30 s on a quiet 2-core machine, ~5.5 when other jobs leave it only ~6 steps
     assert res["val_bpb"] < 6.0 and res["test_bpb"] < 6.0, (res, log)
-    assert abs(res["val_bpb"] - float(summary["val_bpb"])) < 0.5  # quick eval: fewer tokens, same model
+    assert abs(res["val_bpb"] - float(summary["train_eval_bpb"])) < 0.5  # quick eval: held-out train tokens
 
 
 def _weights_digest(model: Path) -> str:
@@ -117,6 +119,48 @@ def test_fixed_seed_reproduces_bit_for_bit_and_seeds_differ(tmp_path):
         assert proc.returncode == 0, proc.stderr[-2000:]
         s = parse_summary(proc.stdout)
         assert s["num_steps"] == "6"
-        runs[tag] = (_weights_digest(tmp_path / f"{tag}.pt2"), s["final_loss"], s["val_bpb"])
+        runs[tag] = (_weights_digest(tmp_path / f"{tag}.pt2"), s["final_loss"], s["train_eval_bpb"])
     assert runs["a"] == runs["b"]
     assert runs["a"][0] != runs["c"][0] and runs["a"][1] != runs["c"][1]
+
+
+@pytest.mark.slow
+def test_steps_clock_is_bit_identical_and_batch_size_buys_no_tokens(tmp_path):
+    """clock = "steps": a fixed number of training tokens, so the same seed gives the same weights
+    on any load, and a doubled batch trains half the steps on the same number of tokens."""
+    d = bench_dir(tmp_path / "ws", train=True, time_budget=120, seq_len=64, eval_tokens=2048,
+                  clock="steps", budget_tokens=6 * 8 * 64)
+    corpus = text_corpus(tmp_path / "corpus", n_docs=80)
+    assert run_cli(d, "prepare", "--corpus", str(corpus))[0] == 0
+    set_constants(d / "train.py", DEPTH=1, BATCH_SIZE=8, QUICK_EVAL_TOKENS=1024)
+    runs = {}
+    for tag in ("a", "b"):
+        proc, _ = train(d, 1, tmp_path / f"{tag}.pt2")
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        s = parse_summary(proc.stdout)
+        assert (s["clock"], s["num_steps"], s["budget_used"]) == ("steps", "6", "1.000"), s
+        runs[tag] = (_weights_digest(tmp_path / f"{tag}.pt2"), s["final_loss"], s["train_eval_bpb"])
+    assert runs["a"] == runs["b"]
+    set_constants(d / "train.py", BATCH_SIZE=16)
+    proc, _ = train(d, 1, tmp_path / "c.pt2")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    s = parse_summary(proc.stdout)
+    assert s["num_steps"] == "3" and float(s["total_tokens_M"]) * 1e6 == pytest.approx(6 * 8 * 64, abs=1)
+
+
+@pytest.mark.slow
+def test_cpu_clock_run_spends_its_cpu_seconds_within_the_budget(tmp_path):
+    """clock = "cpu": the run (start-up included) stops within its CPU-second budget, whatever the
+    wall clock did meanwhile; the progress lines report the CPU clock."""
+    budget = 12.0
+    d = bench_dir(tmp_path / "ws", train=True, time_budget=budget, seq_len=64, eval_tokens=2048, clock="cpu")
+    corpus = text_corpus(tmp_path / "corpus", n_docs=80)
+    assert run_cli(d, "prepare", "--corpus", str(corpus))[0] == 0
+    set_constants(d / "train.py", DEPTH=1, QUICK_EVAL_TOKENS=1024)
+    proc, wall = train(d, 0, tmp_path / "m.pt2", timeout=budget * 4 + 120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    s = parse_summary(proc.stdout)
+    assert s["clock"] == "cpu" and int(s["num_steps"]) > 3, proc.stdout[-2000:]
+    assert 0.7 < float(s["budget_used"]) <= 1.02 and float(s["cpu_seconds"]) <= budget * 1.02, s
+    progress = [PROGRESS.match(line) for line in proc.stdout.splitlines() if line.startswith("step=")]
+    assert progress and float(progress[-1].group(3)) <= budget

@@ -3,21 +3,71 @@ prepare.py -- the frozen harness of loopwright's GPT benchmark.
 
 The agent never edits this file. It holds everything that decides the score:
 the data (corpus, split, tokenizer), the constants, the training dataloader,
-the exporter and the evaluator. Imports: stdlib, numpy, torch only.
+the training budget (its clock), the exporter and the evaluator. Imports:
+stdlib, numpy, torch only.
+
+What train.py may use (everything else is internal):
+
+    SEQ_LEN, VOCAB_SIZE, TIME_BUDGET          frozen constants (from loopwright.toml [benchmark])
+    make_dataloader("train", batch, device, seed)
+                                              endless (x, y) batches of the training split; the tokens
+                                              it serves are what the "steps" clock counts
+    evaluate_bpb(model, "train_eval", max_tokens=, device=)
+                                              quick bits-per-byte on a held-out tail of train.bin that
+                                              training batches never sample (val/test are not visible
+                                              to train.py; the score comes from the evaluator)
+    start_budget(model, eval_tokens=, max_steps=, print_every=, device=) -> TrainingBudget
+        budget.step(loss) -> bool             once per optimizer step: counts it, prints the progress
+                                              line, True when the next step would not fit the budget
+        budget.progress()                     fraction of the training phase done, 0..1 (LR schedules)
+        budget.steps, budget.tokens           optimizer steps / training tokens so far
+        budget.elapsed, budget.remaining      budget used / left, on the active clock
+        budget.training_seconds               wall seconds of the training loop (for throughput)
+        budget.summary(**metrics)             prints the summary block after "---"
+    export_model(model)                       the model the evaluator scores (LOOPWRIGHT_EXPORT_PATH)
+    peak_flops(device)                        the machine's peak, for an MFU figure
+
+For the runner (not train.py): hard_limit_seconds() = the wall-clock limit to
+enforce from outside for the active clock; summary keys `clock:`,
+`budget_used:`, `cpu_seconds:`, `num_steps:`, `total_tokens_M:`; progress lines
+`step=N loss=L elapsed=E remaining=R` (E, R on the budget clock).
 
     python prepare.py prepare  [--corpus stdlib|tinystories|climbmix|PATH] [--tokenizer byte|bpe] [--data-dir D]
     python prepare.py verify   [--data-dir D]
     python prepare.py evaluate MODEL.pt2 [--data-dir D]
+    python prepare.py limits                  # {"clock": ..., "hard_limit_seconds": ...} as JSON
 
 Constants come from the [benchmark] section of loopwright.toml next to this
 file (defaults below); never from environment variables, which train.py could
 set before importing us.
 
+Budget clock ([benchmark] clock). Every run gets the same amount of training,
+measured on one of three clocks; train.py does not know which one is active:
+  wall   seconds of wall clock since the process started (autoresearch's rule;
+         right for a dedicated GPU, but other jobs on a shared CPU change how
+         much training fits);
+  cpu    CPU seconds of this process (all threads, children included, as the
+         kernel counts them, startup included): when other jobs take the CPU
+         the run waits without being charged, so the amount of training does
+         not change. Speed-ups still pay off (fewer CPU seconds per step);
+         using more cores does not buy more budget. On an idle machine a run
+         takes between TIME_BUDGET / cores and TIME_BUDGET of wall clock,
+         depending on how well it keeps the cores busy. Needs OMP_WAIT_POLICY=PASSIVE
+         (train.py sets it): spinning OpenMP threads burn CPU seconds for
+         nothing (8x more per step, measured);
+  steps  a fixed number of training tokens (BUDGET_TOKENS, counted by the
+         training dataloader, so a bigger batch buys fewer steps, not more
+         data): the same seed gives a bit-identical result on the same machine;
+  auto   (default) cpu when no CUDA/MPS device is present, wall with one (the
+         CPU clock cannot see asynchronous GPU work).
+The budget covers the whole run: startup, training, quick eval and export.
+
 Metric. val_bpb = sum of cross-entropy nats over the scored target tokens
 / (ln 2 * sum of the UTF-8 bytes of those targets), computed here from the
-model's logits over EVAL_TOKENS targets of the validation split (test_bpb the
-same on the test split). Per-token byte lengths are exact (byte tokenizer: 1;
-BPE: the length of the token's byte string), never taken from a lossy decode.
+model's logits over EVAL_TOKENS targets of the validation split, in windows of
+SEQ_LEN spread evenly over the whole split (test_bpb the same on the test
+split). Per-token byte lengths are exact (byte tokenizer: 1; BPE: the length
+of the token's byte string), never taken from a lossy decode.
 
 Document separators. Every document is preceded by one separator token SEP
 (byte 0 for the byte tokenizer -- NUL never occurs in the corpus because NUL
@@ -31,9 +81,9 @@ bytes score exactly 8 bits per byte.
 Evaluation runs the exported graph (torch.export, see export_model) in this
 process on CPU; it never imports train.py, and when run as a script it drops
 its own directory and the cwd from sys.path so a file in the workspace cannot
-shadow a library either. A causality probe (random cut points from
-os.urandom) rejects models whose logits depend on future tokens, also across
-rows of the batch.
+shadow a library either. A causality probe (see causality_probe) rejects
+models whose logits depend on future tokens -- at any single position -- or
+on other rows of the batch; a model that changes its own state is rejected.
 """
 import contextlib
 import hashlib
@@ -41,6 +91,7 @@ import json
 import math
 import os
 import sys
+import time
 
 if __name__ == "__main__":
     # The evaluator must not import anything from the workspace (train.py, or a
@@ -57,11 +108,14 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 # ---------------------------------------------------------------------------
-# Constants (defaults; loopwright.toml [benchmark] overrides the first five)
+# Constants (defaults; loopwright.toml [benchmark] overrides the first eight)
 
-TIME_BUDGET = 30.0          # seconds of wall clock for one training run (train.py obeys it)
+TIME_BUDGET = 30.0          # seconds per training run on the budget clock (train.py obeys it via TrainingBudget)
+CLOCK = "auto"              # wall | cpu | steps | auto (see the module docstring)
+BUDGET_TOKENS = 204_800     # training tokens per run on the steps clock (100 steps of the baseline's 2,048)
+GRACE_SECONDS = 60.0        # what the runner allows beyond the budget before its hard kill
 SEQ_LEN = 256               # context length; the exported model takes (B_EVAL, SEQ_LEN)
-EVAL_TOKENS = 65536         # target tokens scored on val (and on test)
+EVAL_TOKENS = 131072        # target tokens scored on val (and on test), in windows spread over the split
 CORPUS = "stdlib"           # stdlib | tinystories | climbmix | a path
 TOKENIZER = "byte"          # byte | bpe
 
@@ -74,6 +128,10 @@ STDLIB_SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__", "test", "te
                     "encodings", "pydoc_data"}  # tests/codec tables are not prose-like code; topics added separately
 TEXT_PIECE_BYTES = 16_384   # a single text file is cut into documents of about this size (at line ends)
 BPE_VOCAB_SIZE = 8192       # including the separator token
+TRAIN_EVAL_TOKENS = 262_144 # the end of train.bin, never sampled for training: train.py's quick eval
+                            # ("train_eval"); at most 5 % of the split
+CPU_WALL_FACTOR = 4.0       # cpu/steps clocks: the runner's hard limit is this many times TIME_BUDGET of
+                            # wall clock (+ grace): room for a machine shared with other jobs
 CAUSAL_ATOL = 1e-4          # max change of an earlier logit allowed when later tokens change
                             # (leaks below it can gain at most ~2*atol/ln2 bits per token)
 TINYSTORIES_URL = "https://huggingface.co/datasets/roneneldan/TinyStories/resolve/main/TinyStoriesV2-GPT4-valid.txt"
@@ -96,6 +154,9 @@ def _read_config():
 
 _cfg = _read_config()
 TIME_BUDGET = float(_cfg.get("time_budget", TIME_BUDGET))
+CLOCK = str(_cfg.get("clock", CLOCK))
+BUDGET_TOKENS = int(_cfg.get("budget_tokens", BUDGET_TOKENS))
+GRACE_SECONDS = float(_cfg.get("grace_seconds", GRACE_SECONDS))
 SEQ_LEN = int(_cfg.get("seq_len", SEQ_LEN))
 EVAL_TOKENS = int(_cfg.get("eval_tokens", EVAL_TOKENS))
 CORPUS = str(_cfg.get("corpus", CORPUS))
@@ -430,22 +491,41 @@ def _token_bytes(meta, data_dir):
 # ---------------------------------------------------------------------------
 # Training data
 
+def _train_eval_size(n):
+    """Tokens carved from the end of a train split of n tokens for train.py's quick eval."""
+    return min(TRAIN_EVAL_TOKENS, n // 20)
+
+
+def _train_part(split, data_dir=None):
+    """'train': what training batches are drawn from; 'train_eval': the tail after it."""
+    tokens = _tokens("train", data_dir)
+    cut = len(tokens) - _train_eval_size(len(tokens))
+    return tokens[:cut] if split == "train" else tokens[cut:]
+
+
+_served = {"train": 0}   # tokens served by training dataloaders in this process: the steps clock
+
+
 class Dataloader:
     """Endless iterator of (x, y) int64 batches: random windows of SEQ_LEN+1
-    tokens of the training split, drawn by a seeded numpy generator."""
+    tokens, drawn by a seeded numpy generator, from the training split minus
+    its last few percent ("train") or from that tail ("train_eval")."""
 
     def __init__(self, split="train", batch_size=16, device="cpu", seed=0, seq_len=None, data_dir=None):
-        if split != "train":
-            raise ValueError("only the train split may be used for training (val and test decide the score)")
+        if split not in ("train", "train_eval"):
+            raise ValueError(f"split {split!r}: only 'train' (and its held-out tail 'train_eval') may be used "
+                             "by train.py; val and test decide the score")
         data_dir = data_dir or DATA_DIR
         meta = load_meta(data_dir)
         if meta["vocab_size"] != VOCAB_SIZE:
             raise DataError(f"data in {data_dir} has vocab {meta['vocab_size']} but TOKENIZER={TOKENIZER!r} "
                             f"implies {VOCAB_SIZE}; re-run prepare")
-        self.tokens = _tokens(split, data_dir)
+        self.split = split
+        self.tokens = _train_part(split, data_dir)
         self.seq_len = seq_len or SEQ_LEN
         if len(self.tokens) < self.seq_len + 2:
-            raise DataError(f"train split has only {len(self.tokens)} tokens")
+            raise DataError(f"the {split} part of the training data has only {len(self.tokens)} tokens "
+                            f"(< SEQ_LEN+2 = {self.seq_len + 2}); use a bigger corpus")
         self.batch_size, self.device = batch_size, torch.device(device)
         self.rng = np.random.Generator(np.random.PCG64(seed))
         self.offsets = np.arange(self.seq_len + 1)
@@ -460,11 +540,256 @@ class Dataloader:
             w = w.pin_memory().to(self.device, non_blocking=True)
         else:
             w = w.to(self.device)
+        if self.split == "train":
+            _served["train"] += self.batch_size * self.seq_len
         return w[:, :-1], w[:, 1:]
 
 
 def make_dataloader(split="train", batch_size=16, device="cpu", seed=0, **kw):
     return Dataloader(split, batch_size, device, seed, **kw)
+
+
+# ---------------------------------------------------------------------------
+# Training budget: the clock every train.py runs against (see the module docstring)
+
+CLOCKS = ("wall", "cpu", "steps", "auto")
+
+
+def _gpu_present():
+    if torch.cuda.is_available():
+        return True
+    mps = getattr(torch.backends, "mps", None)
+    return bool(mps is not None and mps.is_available())
+
+
+def active_clock():
+    """The clock in force: CLOCK, with "auto" resolved (cpu without CUDA/MPS, wall with one)."""
+    if CLOCK not in CLOCKS:
+        raise ValueError(f"[benchmark] clock = {CLOCK!r} in loopwright.toml; use one of {', '.join(CLOCKS)}")
+    if CLOCK == "auto":
+        return "wall" if _gpu_present() else "cpu"
+    return CLOCK
+
+
+def hard_limit_seconds(clock=None):
+    """Wall-clock seconds after which the runner kills a training run, for `clock` (default CLOCK;
+    "auto" gets the larger limit, since the runner does not know the device). wall: TIME_BUDGET +
+    GRACE_SECONDS. cpu / steps: CPU_WALL_FACTOR * TIME_BUDGET + GRACE_SECONDS, because those
+    clocks do not advance while other jobs hold the CPU (cpu), or do not look at time at all
+    (steps: TIME_BUDGET is then what BUDGET_TOKENS is expected to take)."""
+    clock = CLOCK if clock is None else clock
+    if clock not in CLOCKS:
+        raise ValueError(f"unknown clock {clock!r}; use one of {', '.join(CLOCKS)}")
+    factor = 1.0 if clock == "wall" else CPU_WALL_FACTOR
+    return factor * TIME_BUDGET + GRACE_SECONDS
+
+
+def _children_cpu_seconds():
+    """CPU seconds of live descendant processes (Linux /proc; 0 elsewhere). Reaped children are
+    in resource.RUSAGE_CHILDREN; live ones would otherwise escape the cpu clock."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    total, todo, seen = 0.0, [os.getpid()], set()
+    while todo:
+        pid = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children") as f:
+                    kids = [int(k) for k in f.read().split()]
+            except (OSError, ValueError):
+                continue
+            for kid in kids:
+                if kid in seen:
+                    continue
+                seen.add(kid)
+                todo.append(kid)
+                try:
+                    with open(f"/proc/{kid}/stat") as f:
+                        fields = f.read().rsplit(")", 1)[1].split()
+                    total += (int(fields[11]) + int(fields[12])) / tick   # utime, stime
+                except (OSError, ValueError, IndexError):
+                    pass
+    return total
+
+
+def cpu_seconds():
+    """CPU seconds used by this process since it started (all threads) and by its children."""
+    import resource
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + kids.ru_utime + kids.ru_stime + _children_cpu_seconds()
+
+
+def _process_start_time():
+    """time.time() at which this process started, from the kernel (Linux), else None."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        started = time.time() - (uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+    return started if 0 <= time.time() - started < 3600 else None   # implausible: not a fresh process
+
+
+_IMPORTED_AT = time.time()
+
+
+class TrainingBudget:
+    """The budget bookkeeping of one training run, on the active clock (see start_budget).
+
+    Times are in budget units: seconds for the wall clock, CPU seconds of the process (all
+    threads, children included) for the cpu clock. On the steps clock the budget is
+    BUDGET_TOKENS tokens served by make_dataloader("train"); elapsed/remaining are then wall
+    seconds and an estimate. The loop stops early enough for the quick eval and the export to fit:
+    the export is predicted from the start-up just measured (both single-threaded Python work) and
+    the parameter count, the quick eval from the warm step time."""
+
+    def __init__(self, model=None, eval_tokens=0, max_steps=0, print_every=1.0, device="cpu",
+                 since_process_start=True, clock=None):
+        self.clock = clock or active_clock()
+        if self.clock not in ("wall", "cpu", "steps"):
+            raise ValueError(f"clock {self.clock!r}: use wall, cpu or steps")
+        self.device = str(device)
+        self.max_steps, self.eval_tokens, self.print_every = int(max_steps), int(eval_tokens), float(print_every)
+        wall_now, cpu_now = time.time(), cpu_seconds()
+        started = _process_start_time() if since_process_start else None
+        if since_process_start and started is None:
+            started = _IMPORTED_AT   # no /proc: from the import of this module
+        self._wall0 = started if since_process_start else wall_now
+        self._cpu0 = 0.0 if since_process_start else cpu_now
+        self.budget = float(BUDGET_TOKENS if self.clock == "steps" else TIME_BUDGET)
+        self.steps, self.tokens = 0, 0
+        self._served0 = _served["train"]
+        self._loop_wall = wall_now
+        self._loop_clock = self._now()
+        self._startup = self._loop_clock
+        n_tensors = len(list(model.parameters())) if model is not None else 18
+        wall_export = 1.0 + 0.045 * n_tensors        # tracing cost grows with the layers: ~1.8 s for the baseline
+        self._export = max(wall_export, 0.5 * self._startup)
+        self._step_time = 0.0      # per step, budget units (smoothed once warm)
+        self._step_tokens = 0
+        self._prev = self._loop_clock
+        self._train_end = self.budget - self._export - 1.0
+        self._last_print, self.last_loss = -1e9, float("nan")
+        self._done = False
+        self.training_seconds = 0.0
+
+    # -- clocks ---------------------------------------------------------------
+    def _now(self):
+        if self.clock == "cpu":
+            return cpu_seconds() - self._cpu0
+        if self.clock == "steps":
+            return float(self.tokens)
+        return time.time() - self._wall0
+
+    def _sync(self):
+        if self.device.startswith("cuda"):
+            torch.cuda.synchronize()
+        elif self.device.startswith("mps"):
+            torch.mps.synchronize()
+
+    @property
+    def elapsed(self):
+        """Budget used so far (wall: seconds; cpu: CPU seconds; steps: wall seconds)."""
+        return time.time() - self._wall0 if self.clock == "steps" else self._now()
+
+    @property
+    def remaining(self):
+        if self.clock == "steps":
+            done = self.progress()
+            spent = time.time() - self._loop_wall
+            return spent * (1 - done) / done if done > 0 else float("nan")
+        return max(0.0, self.budget - self._now())
+
+    def progress(self):
+        """Fraction of the training phase done, in [0, 1]: by step count when max_steps is set,
+        else by tokens (steps clock) or by the clock against the planned end of training."""
+        if self.max_steps > 0:
+            frac = self.steps / self.max_steps
+        elif self.clock == "steps":
+            frac = self.tokens / self.budget
+        else:
+            frac = (self._now() - self._loop_clock) / max(1e-6, self._train_end - self._loop_clock)
+        return min(1.0, max(0.0, frac))
+
+    def should_stop(self, step_time=None):
+        """Would one more step (of step_time budget units; default the smoothed last ones) overrun?"""
+        if self.max_steps > 0 and self.steps >= self.max_steps:
+            return True
+        if self.clock == "steps":
+            return self.tokens + (self._step_tokens if step_time is None else step_time) > self.budget
+        step_time = self._step_time if step_time is None else step_time
+        return self._now() + step_time > self._train_end
+
+    # -- the loop -------------------------------------------------------------
+    def step(self, loss=None):
+        """Call once after every optimizer step. Counts it (and the training tokens the dataloader
+        served since the last call), refines the plan, prints a progress line about every
+        print_every seconds and at the end, and returns True when training should stop.
+        A non-finite loss ends the run (exit 1) with a `loss=nan -- diverged` line."""
+        self._sync()
+        served = _served["train"] - self._served0
+        self._step_tokens, self.tokens = served - self.tokens, served
+        self.steps += 1
+        if self.clock == "steps" and self._step_tokens <= 0:
+            raise RuntimeError("the steps clock counts the tokens served by prepare.make_dataloader('train'); "
+                               "no batch was drawn from it since the last budget.step()")
+        if self.clock != "steps":
+            now = self._now()
+            dt, self._prev = now - self._prev, now
+            if self.steps <= 3:      # warm-up steps are slow: "does one more fit?" only, no plan from them
+                self._step_time = dt
+            else:                    # warm: smooth the step time and refine the plan
+                self._step_time = dt if self.steps == 4 else 0.8 * self._step_time + 0.2 * dt
+                quick_eval = self._step_time / 3 * self.eval_tokens / max(1, self._step_tokens)
+                self._train_end = self.budget - self._export - quick_eval - 0.2
+        self._done = self.should_stop()
+        wall = time.time()
+        if wall - self._last_print >= self.print_every or self._done:
+            value = float(loss.item() if hasattr(loss, "item") else loss) if loss is not None else float("nan")
+            self.last_loss = value
+            if loss is not None and not math.isfinite(value):
+                print(f"step={self.steps} loss={value} -- diverged", flush=True)
+                sys.exit(1)
+            print(f"step={self.steps} loss={value:.6f} elapsed={self.elapsed:.2f} "
+                  f"remaining={self.remaining:.2f}", flush=True)
+            self._last_print = wall
+        if self._done:
+            self.training_seconds = time.time() - self._loop_wall
+        return self._done
+
+    def summary(self, **metrics):
+        """Print the summary block: '---', then `key: value` lines -- the given metrics first (in
+        order), then the budget's own: training_seconds, total_seconds, total_tokens_M, num_steps,
+        final_loss, clock, budget_used (fraction of the budget), cpu_seconds."""
+        if not self.training_seconds:
+            self.training_seconds = time.time() - self._loop_wall
+        used = self.tokens / self.budget if self.clock == "steps" else self._now() / self.budget
+        lines = dict(metrics)
+        lines.update(training_seconds=f"{self.training_seconds:.1f}",
+                     total_seconds=f"{time.time() - self._wall0:.1f}",
+                     total_tokens_M=f"{self.tokens / 1e6:.6f}", num_steps=self.steps,
+                     final_loss=f"{self.last_loss:.6f}", clock=self.clock, budget_used=f"{used:.3f}",
+                     cpu_seconds=f"{cpu_seconds() - self._cpu0:.1f}")
+        print("---")
+        for key, value in lines.items():
+            if isinstance(value, float):
+                value = f"{value:.6f}".rstrip("0").rstrip(".")
+            print(f"{key + ':':<18}{value}")
+        sys.stdout.flush()
+
+
+def start_budget(model=None, eval_tokens=0, max_steps=0, print_every=1.0, device="cpu", **kw):
+    """Start the training clock (call it right before the training loop; the budget counts from
+    the start of the process, so imports and model setup are paid for too).
+    model: to predict the export time from its size; eval_tokens: the tokens of the quick eval
+    after the loop (reserved from the budget); max_steps > 0: also stop after that many steps,
+    and progress() follows the step count (reproducible runs on any clock)."""
+    return TrainingBudget(model, eval_tokens, max_steps, print_every, device, **kw)
 
 
 # ---------------------------------------------------------------------------
@@ -520,39 +845,66 @@ def _windows(tokens, starts):
     return w[:, :-1], w[:, 1:]
 
 
-def bpb_sums(forward_fn, tokens, token_bytes, max_tokens, batch_size=B_EVAL, device="cpu", fixed_batch=False):
-    """(nats, bytes, targets) over the first max_tokens targets of `tokens`,
-    cut into consecutive windows of SEQ_LEN. Separator targets (0 bytes) count
-    in neither sum. fixed_batch pads the last batch (exported graphs have a
-    fixed shape); padding rows are not counted."""
-    n_windows = min(max_tokens, len(tokens) - 1) // SEQ_LEN
-    if n_windows < 1:
-        raise EvalError(f"only {len(tokens)} tokens, fewer than SEQ_LEN+1 = {SEQ_LEN + 1}")
+def eval_starts(n_tokens, max_tokens):
+    """Start offsets of the scored windows: min(max_tokens, n_tokens - 1) // SEQ_LEN windows of
+    SEQ_LEN+1 tokens, spread evenly from the start to the end of the split (never overlapping).
+    Spread rather than consecutive: the score then covers every part of the split (all its
+    documents), so its sampling error is far smaller than that of the same number of tokens
+    taken from the first few documents."""
+    n = min(max_tokens, n_tokens - 1) // SEQ_LEN
+    if n < 1:
+        raise EvalError(f"only {n_tokens} tokens, fewer than SEQ_LEN+1 = {SEQ_LEN + 1}")
+    span = n_tokens - 1 - SEQ_LEN  # last possible start
+    return np.array([0]) if n == 1 else np.arange(n, dtype=np.int64) * span // (n - 1)
+
+
+def _eval_batches(starts, batch_size, fixed_batch):
+    """Rows of `starts` per batch; fixed_batch pads the last batch by repeating its last window."""
+    for first in range(0, len(starts), batch_size):
+        rows = min(batch_size, len(starts) - first)
+        idx = np.arange(first, first + (batch_size if fixed_batch else rows)).clip(max=len(starts) - 1)
+        yield rows, starts[idx]
+
+
+def bpb_sums(forward_fn, tokens, token_bytes, max_tokens, batch_size=B_EVAL, device="cpu", fixed_batch=False,
+             per_window=None):
+    """(nats, bytes, targets) over the windows of eval_starts(len(tokens), max_tokens).
+    Separator targets (0 bytes) count in neither sum. fixed_batch pads the last
+    batch (exported graphs have a fixed shape); padding rows are not counted.
+    per_window: a list that receives (nats, bytes) of every window (noise studies)."""
+    starts = eval_starts(len(tokens), max_tokens)
     vocab = len(token_bytes)
     nats, nbytes = 0.0, 0
-    for first in range(0, n_windows, batch_size):
-        rows = min(batch_size, n_windows - first)
-        idx = np.arange(first, first + (batch_size if fixed_batch else rows)).clip(max=n_windows - 1)
-        x, y = _windows(tokens, idx * SEQ_LEN)
+    for rows, batch_starts in _eval_batches(starts, batch_size, fixed_batch):
+        x, y = _windows(tokens, batch_starts)
         with torch.no_grad():
-            logits = _check_logits(forward_fn(x.to(device)), len(idx), vocab)[:rows]
+            logits = _check_logits(forward_fn(x.to(device)), len(batch_starts), vocab)[:rows]
         y = y[:rows]
         nll = -torch.log_softmax(logits, dim=-1).gather(-1, y.unsqueeze(-1)).squeeze(-1)
         tb = token_bytes[y]
-        nats += float(nll[tb > 0].sum())
+        nll = torch.where(tb > 0, nll, torch.zeros_like(nll))
+        nats += float(nll.sum())
         nbytes += int(tb.sum())
-    return nats, nbytes, n_windows * SEQ_LEN
+        if per_window is not None:
+            per_window.extend(zip(nll.sum(1).tolist(), tb.sum(1).tolist()))
+    return nats, nbytes, len(starts) * SEQ_LEN
 
 
-def evaluate_bpb(forward_fn, split="val", max_tokens=None, batch_size=B_EVAL, device="cpu", data_dir=None):
-    """Bits per byte of forward_fn (x int64 (B, T) on `device` -> logits) on
-    the val split. For train.py's quick look; the score comes from the
-    evaluate CLI on the exported graph."""
-    if split != "val":
-        raise ValueError("only the val split is available to train.py (test is hidden)")
+def evaluate_bpb(forward_fn, split="train_eval", max_tokens=None, batch_size=B_EVAL, device="cpu", data_dir=None):
+    """Bits per byte of forward_fn (x int64 (B, T) on `device` -> logits), for
+    train.py's quick look; the score comes from the evaluate CLI on the exported
+    graph. split "train_eval": the held-out end of the training split (never
+    sampled by make_dataloader("train")); "val" only where val.bin is readable
+    (not inside the loop's sandbox); test is hidden."""
+    if split not in ("train_eval", "val"):
+        raise ValueError(f"split {split!r}: train.py may evaluate on 'train_eval' (the held-out end of the "
+                         "training split); test is hidden, and val is hidden in the sandbox")
     data_dir = data_dir or DATA_DIR
     meta = load_meta(data_dir)
-    nats, nbytes, _ = bpb_sums(forward_fn, _tokens(split, data_dir), _token_bytes(meta, data_dir),
+    if split == "val" and not os.access(os.path.join(data_dir, "val.bin"), os.R_OK):
+        raise DataError("val.bin is not visible to train.py (it decides the score); use split='train_eval'")
+    tokens = _train_part(split, data_dir) if split == "train_eval" else _tokens("val", data_dir)
+    nats, nbytes, _ = bpb_sums(forward_fn, tokens, _token_bytes(meta, data_dir),
                                max_tokens or EVAL_TOKENS, batch_size, device)
     return nats / (math.log(2) * nbytes)
 
@@ -561,25 +913,41 @@ def _urandom_int(n):
     return int.from_bytes(os.urandom(8), "little") % n
 
 
+def _urandom_permutation(n):
+    keys = np.frombuffer(os.urandom(8 * n), dtype="<u8")
+    return np.argsort(keys, kind="stable")
+
+
 def _random_tokens(n, vocab):
     return torch.from_numpy(np.frombuffer(os.urandom(4 * n), dtype="<u4") % vocab).long()
 
 
-def causality_probe(forward_fn, tokens, vocab):
-    """Raise EvalError if a logit depends on a later token.
+def causality_probe(forward_fn, tokens, vocab, max_tokens=None):
+    """Raise EvalError if a logit depends on a later token or on another row.
 
-    On a batch of real val windows (offsets from os.urandom, so a model cannot
-    predict them), some tokens are replaced by random ones and every logit
-    that must not see them is compared with the unmodified run:
-      A. each row gets a random cut; tokens from the cut on are replaced;
-         logits before the cut must not move;
-      B. eval batches hold consecutive windows, so a row could peek at the
-         next row: whole rows are replaced, split by each bit of the row
-         index both ways (any two rows are on opposite sides in some trial);
-         the rows left alone must not move at all."""
-    n = len(tokens) - SEQ_LEN - 1
-    x, _ = _windows(tokens, [_urandom_int(n + 1) for _ in range(B_EVAL)])
-    trials = [("later tokens of the same row", [1 + _urandom_int(SEQ_LEN - 1) for _ in range(B_EVAL)])]
+    The base input is one of the very batches that will be scored (picked with
+    os.urandom, so the model cannot tell a probe from scoring). Tokens are then
+    replaced by random ones and every logit that must not see them is compared
+    with the base run:
+      A. exhaustive over positions: every cut c = 1 .. SEQ_LEN-1 is tried once
+         (B_EVAL cuts per forward pass, each in a row drawn at random): tokens
+         from c on are replaced, logits before c must not move. A leak at any
+         single position t (logit t reading token t+1 or later) is caught with
+         certainty; a leak that only some rows of the batch commit is caught
+         with probability 1/B_EVAL per (row, position) it touches.
+         ceil((SEQ_LEN-1)/B_EVAL) passes: 32 for 256/8;
+      B. eval batches hold windows of the same split, so a row could peek at
+         another: whole rows are replaced, split by each bit of the row index
+         both ways (any two rows are on opposite sides in some trial); the rows
+         left alone must not move at all."""
+    starts = eval_starts(len(tokens), max_tokens or EVAL_TOKENS)
+    batches = list(_eval_batches(starts, B_EVAL, fixed_batch=True))
+    x, _ = _windows(tokens, batches[_urandom_int(len(batches))][1])
+    cuts = 1 + _urandom_permutation(SEQ_LEN - 1)        # every cut once, in random rows
+    trials = []
+    for first in range(0, len(cuts), B_EVAL):
+        rows = [int(c) for c in cuts[first:first + B_EVAL]]
+        trials.append(("later tokens of the same row", rows + [SEQ_LEN] * (B_EVAL - len(rows))))
     for bit in range((B_EVAL - 1).bit_length()):
         for side in (0, 1):
             trials.append(("tokens of other rows of the batch",
@@ -781,10 +1149,15 @@ def main(argv=None):
     pv = sub.add_parser("verify", help="check the data against the hashes in meta.json")
     pe = sub.add_parser("evaluate", help="score an exported model; prints one JSON line")
     pe.add_argument("model")
+    sub.add_parser("limits", help="the budget clock and the runner's hard limit, as one JSON line")
     for q in (pp, pv, pe):
         q.add_argument("--data-dir", default=DATA_DIR)
     args = p.parse_args(argv)
 
+    if args.cmd == "limits":
+        print(json.dumps({"clock": CLOCK, "active_clock": active_clock(), "time_budget": TIME_BUDGET,
+                          "budget_tokens": BUDGET_TOKENS, "hard_limit_seconds": hard_limit_seconds()}))
+        return 0
     if args.cmd == "prepare":
         try:
             prepare_data(args.corpus, args.data_dir, args.tokenizer)

@@ -4,19 +4,16 @@ train.py -- the baseline GPT that the agent improves. The only editable file.
 A small decoder-only transformer over the tokens of prepare.py: RMSNorm,
 rotary position embeddings, causal scaled-dot-product attention, squared-ReLU
 MLP, tanh logit soft-capping, AdamW (QK-norm and Muon optional). It trains
-for prepare.TIME_BUDGET seconds of wall clock *in total* (startup, training,
-quick eval and export together), hands the model to prepare.export_model and
-prints the summary block. The score is computed afterwards by the frozen
-evaluator (`python prepare.py evaluate model.pt2`), not by this file.
+within the frozen budget, *in total* (startup, training, quick eval and export
+together): prepare.start_budget() keeps the clock, says when to stop and how
+far training is (for the LR schedule), and prints the progress lines and the
+summary block. It hands the model to prepare.export_model; the score is
+computed afterwards by the frozen evaluator (`python prepare.py evaluate
+model.pt2`), not by this file.
 
 Environment (set by the runner): LOOPWRIGHT_SEED (int, default 0),
 LOOPWRIGHT_EXPORT_PATH (where the model goes, default model.pt2).
 """
-import time
-
-_t_start = time.time()  # before importing torch: its import counts against the budget too
-
-import math
 import os
 import sys
 
@@ -53,10 +50,9 @@ QK_NORM = False         # RMS-normalise queries and keys (stabler at high LR; co
 USE_MUON = False        # Muon for block matrices (slow on CPU; try it on a GPU)
 MUON_LR = 0.02
 COMPILE_ON_CUDA = True  # torch.compile the training model on CUDA (unreliable on CPU, so never there)
-MAX_STEPS = 0           # 0 = train until the time budget; > 0 = stop after that many steps and
-                        # schedule the LR by step count (reproducible runs: the step count then
-                        # does not depend on the wall clock)
-QUICK_EVAL_TOKENS = 8192  # val tokens for the val_bpb printed here (the score uses prepare.EVAL_TOKENS)
+MAX_STEPS = 0           # 0 = train until the budget; > 0 = also stop after that many steps and
+                        # schedule the LR by step count (reproducible runs on any clock)
+QUICK_EVAL_TOKENS = 8192  # held-out train tokens for the train_eval_bpb printed here (not the score)
 PRINT_EVERY_S = 1.0     # seconds between progress lines
 
 
@@ -235,32 +231,12 @@ def main():
         train_model = torch.compile(model)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device == "cuda" else torch.autocast("cpu", enabled=False)
     loader = prepare.make_dataloader("train", BATCH_SIZE, device, seed)
-    tokens_per_step = BATCH_SIZE * seq_len
+    # the budget counts from the start of this process: imports and setup are paid for too
+    budget = prepare.start_budget(model, eval_tokens=QUICK_EVAL_TOKENS, max_steps=MAX_STEPS,
+                                  print_every=PRINT_EVERY_S, device=device)
 
-    # Time plan. The whole run, counted from the first line of this file
-    # (torch import included), must fit in TIME_BUDGET, so the loop stops early
-    # enough to leave room for what follows it:
-    # - the quick eval: forward only, costed at a third of a training step per
-    #   step's worth of tokens, from the measured step time;
-    # - the export: torch.export tracing is single-threaded Python work, like
-    #   the startup (imports) just measured, so it is predicted from it (about
-    #   half of it; on a quiet 2-core machine ~1 s + 0.2 s per block).
-    # The loop also stops one step early rather than one step late.
-    loop_start = time.time()
-    export_seconds = max(1.0 + 0.2 * DEPTH, 0.5 * (loop_start - _t_start))
-    deadline = _t_start + prepare.TIME_BUDGET
-    train_end = deadline - export_seconds - 1.0  # refined once step times are known
-
-    def progress(now, step):
-        """Fraction of training done, for the LR schedule."""
-        if MAX_STEPS > 0:
-            return step / MAX_STEPS
-        return (now - loop_start) / max(1e-6, train_end - loop_start)
-
-    step, last_print, loss_value = 0, 0.0, float("nan")
     model.train()
     while True:
-        t0 = time.time()
         x, y = next(loader)
         with autocast:
             logits = train_model(x)
@@ -268,59 +244,27 @@ def main():
         loss.backward()
         if GRAD_CLIP > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
-        frac = progress(t0, step)
-        lr_scale = min(1.0, (step + 1) / WARMUP_STEPS) * min(1.0, max(0.0, (1.0 - frac) / WARMDOWN_FRAC))
+        warmup = min(1.0, (budget.steps + 1) / WARMUP_STEPS)
+        warmdown = min(1.0, max(0.0, (1.0 - budget.progress()) / WARMDOWN_FRAC))
         for opt in optimizers:
             for g in opt.param_groups:
-                g["lr"] = g["base_lr"] * lr_scale
+                g["lr"] = g["base_lr"] * warmup * warmdown
             opt.step()
         model.zero_grad(set_to_none=True)
-        step += 1
-        if device == "cuda":
-            torch.cuda.synchronize()
-        now = time.time()
-        dt = now - t0
-        if step <= 3:  # warm-up steps are slow: "does one more fit?" only, no plan from them
-            step_time = dt
-        else:          # warm: smooth the step time and refine the plan
-            step_time = dt if step == 4 else 0.8 * step_time + 0.2 * dt
-            quick_eval = step_time / 3 * QUICK_EVAL_TOKENS / tokens_per_step
-            train_end = deadline - export_seconds - quick_eval - 0.2
-        done = (MAX_STEPS > 0 and step >= MAX_STEPS) or now + step_time > train_end
-        if now - last_print >= PRINT_EVERY_S or done:
-            loss_value = loss.item()
-            if not math.isfinite(loss_value):
-                print(f"step={step} loss={loss_value} -- diverged", flush=True)
-                sys.exit(1)
-            print(f"step={step} loss={loss_value:.6f} elapsed={now - _t_start:.2f} "
-                  f"remaining={max(0.0, deadline - now):.2f}", flush=True)
-            last_print = now
-        if done:
+        if budget.step(loss):   # counts the step, prints progress; True when the next one would not fit
             break
-    training_seconds = time.time() - loop_start
 
     model.eval()
     with torch.no_grad(), autocast:
-        val_bpb = prepare.evaluate_bpb(model, "val", max_tokens=QUICK_EVAL_TOKENS, device=device)
+        train_eval_bpb = prepare.evaluate_bpb(model, "train_eval", max_tokens=QUICK_EVAL_TOKENS, device=device)
     peak_mem = (torch.cuda.max_memory_allocated() / 2 ** 20 if device == "cuda"
                 else _max_rss_mb())
     peak, _ = prepare.peak_flops(device)
-    mfu = flops_per_token(model, seq_len) * step * tokens_per_step / training_seconds / peak * 100
+    mfu = flops_per_token(model, seq_len) * budget.tokens / max(1e-9, budget.training_seconds) / peak * 100
     prepare.export_model(model)
-    total_seconds = time.time() - _t_start
-
-    print("---")
-    print(f"val_bpb:          {val_bpb:.6f}")
-    print(f"training_seconds: {training_seconds:.1f}")
-    print(f"total_seconds:    {total_seconds:.1f}")
-    print(f"{'peak_vram_mb' if device == 'cuda' else 'peak_memory_mb'}:   {peak_mem:.1f}")
-    print(f"mfu_percent:      {mfu:.2f}")
-    print(f"total_tokens_M:   {step * tokens_per_step / 1e6:.3f}")
-    print(f"num_steps:        {step}")
-    print(f"num_params_M:     {num_params / 1e6:.3f}")
-    print(f"depth:            {DEPTH}")
-    print(f"final_loss:       {loss_value:.6f}")
-    print(f"device:           {device}")
+    budget.summary(train_eval_bpb=train_eval_bpb, mfu_percent=round(mfu, 2), num_params_M=round(num_params / 1e6, 3),
+                   depth=DEPTH, device=device,
+                   **{"peak_vram_mb" if device == "cuda" else "peak_memory_mb": round(peak_mem, 1)})
 
 
 def _max_rss_mb():

@@ -51,15 +51,38 @@ class CampaignConfig(_Section):
     jira_approvers: list[str] = Field(default_factory=list, description="Jira accountIds (or names) allowed to decide")
 
 
+CPU_WALL_FACTOR = 4.0   # = bench/gpt/prepare.py's: cpu/steps clocks get this many budgets of wall clock
+
+
 class BenchmarkConfig(_Section):
     time_budget: float = Field(default=30.0, gt=0, le=24 * 3600, description="training seconds per experiment")
     grace_seconds: float = Field(default=60.0, ge=0, description="startup/export/eval allowance before the hard kill")
+    # The budget clock (read by prepare.py's TrainingBudget): wall seconds, the run's own CPU seconds, or a
+    # fixed number of training tokens; auto = cpu without a GPU, wall with one.
+    clock: Literal["auto", "wall", "cpu", "steps"] = "auto"
+    budget_tokens: int = Field(default=204_800, ge=1, description="training tokens per run on the steps clock")
     seq_len: int = Field(default=256, ge=8, le=65536)
-    eval_tokens: int = Field(default=65536, ge=1024)
+    eval_tokens: int = Field(default=131072, ge=1024)
     metric: Literal["val_bpb"] = "val_bpb"
     corpus: str = "stdlib"
     tokenizer: Literal["byte", "bpe"] = "byte"
     eval_timeout: float = Field(default=600.0, gt=0)
+
+    @field_validator("clock", mode="before")
+    @classmethod
+    def _known_clock(cls, v: object) -> object:
+        if v not in ("auto", "wall", "cpu", "steps"):
+            raise ValueError(f"clock {v!r} is not a budget clock; use \"wall\" (seconds of wall clock), \"cpu\" "
+                             "(the run's own CPU seconds), \"steps\" (budget_tokens training tokens) or \"auto\" "
+                             "(cpu without a GPU, wall with one)")
+        return v
+
+    def hard_limit_seconds(self) -> float:
+        """Wall-clock seconds after which the runner kills train.py (prepare.hard_limit_seconds()):
+        budget + grace on the wall clock; CPU_WALL_FACTOR budgets + grace on the others, which do
+        not advance while other jobs hold the CPU (auto: the larger, the device being unknown here)."""
+        factor = 1.0 if self.clock == "wall" else CPU_WALL_FACTOR
+        return factor * self.time_budget + self.grace_seconds
 
 
 class PathsConfig(_Section):
