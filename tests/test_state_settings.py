@@ -296,3 +296,28 @@ def test_kill_9_orphan_is_recovered_by_any_cli_command(ws_factory):
     finally:
         if child.poll() is None:
             os.killpg(child.pid, signal.SIGKILL)
+
+
+def test_guard_refuses_the_state_home_with_a_reason(tmp_path, monkeypatch):
+    """The guard (friendly first layer) names the external state home too: reads and writes refused."""
+    import test_guard as tg
+    from mcp_server.loop.config import LoopwrightConfig, dump_config
+
+    home = tmp_path / "lwhome"
+    monkeypatch.setenv("LOOPWRIGHT_HOME", str(home))
+    val = home / "workspaces" / "w-1" / "data" / "val.bin"
+    val.parent.mkdir(parents=True)
+    val.write_bytes(b"\x00\x01")
+    root = tmp_path / "ws"
+    root.mkdir()
+    (root / "loopwright.toml").write_text(dump_config(LoopwrightConfig()))
+    (root / "train.py").write_text("LR = 1\n")
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    for tool, inp in (("Read", {"file_path": str(val)}),
+                      ("Bash", {"command": f"cat {val}"}),
+                      ("Bash", {"command": f"echo '[budget]' >> {home}/workspaces/w-1/settings.toml"}),
+                      ("Write", {"file_path": str(home / "workspaces" / "w-1" / "settings.toml"), "content": "x"})):
+        d = tg.decide(tg.payload("claude", root, tool, inp))
+        assert not d.allow, (tool, inp)
+        assert "outside the workspace" in d.reason and "loopwright config" in d.reason
+    assert tg.decide(tg.payload("claude", root, "Read", {"file_path": str(root / "train.py")})).allow

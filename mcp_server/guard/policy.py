@@ -30,6 +30,16 @@ PATH_KEYS = ("editable", "frozen", "hidden", "state_dir")
 # Results that carry the hidden test score live in the state dir; the agent gets val_bpb
 # from run_experiment / state_read instead. Relative to state_dir.
 PRIVATE_STATE = ("state.db*", "runs/*/eval.json", "reports/**")
+# How paths inside the loop's external state home (ledger, val/test data, settings) are named.
+STATE_HOME_REL = "<loopwright state>"
+
+
+def loop_state_home() -> str:
+    """Same rule as mcp_server.loop.workspace.state_home (not imported: the hook must start fast)."""
+    if os.environ.get("LOOPWRIGHT_HOME"):
+        return os.path.abspath(os.path.expanduser(os.environ["LOOPWRIGHT_HOME"]))
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return os.path.join(os.path.abspath(os.path.expanduser(base)), "loopwright")
 
 _DESCRIPTIONS = {
     "prepare.py": "the frozen evaluator",
@@ -154,6 +164,9 @@ class Policy:
         self._references += [(f"{p[:-3]}.__file__", re.compile(re.escape(p[:-3]) + r"\.__file__"))
                              for p in self.frozen if p.endswith(".py") and "/" not in p]
         self._state_mention = _mention_regex(os.path.basename(sd))
+        # the loop's state directories outside the workspace: no read, no write
+        home = loop_state_home()
+        self.state_home = tuple(_unique([home, os.path.realpath(home)]))
 
     # -- resolution
 
@@ -178,6 +191,10 @@ class Policy:
                 r = _rel_under(p, base)
                 if r is not None:
                     rels.add(self.state_dir if r == "." else f"{self.state_dir}/{r}")
+            for base in self.state_home:
+                r = _rel_under(p, base)
+                if r is not None:
+                    rels.add(STATE_HOME_REL if r == "." else f"{STATE_HOME_REL}/{r}")
         return rels
 
     def _hard_link_twin(self, path: str, cwd: str) -> Optional[str]:
@@ -201,6 +218,8 @@ class Policy:
     def _category(self, rel: str) -> Optional[tuple[str, str]]:
         if rel == ".":
             return None
+        if rel == STATE_HOME_REL or rel.startswith(STATE_HOME_REL + "/"):
+            return "statehome", STATE_HOME_REL
         for pat, rx in self._hidden:
             if rx.fullmatch(rel):
                 return "hidden", pat
@@ -252,7 +271,7 @@ class Policy:
         twin = self._hard_link_twin(path, cwd)
         for rel in sorted(rels | ({twin} if twin else set())):
             cat = self._category(rel)
-            if cat and cat[0] in ("hidden", "private"):
+            if cat and cat[0] in ("hidden", "private", "statehome"):
                 return self._reason(cat[0], rel)
         return None
 
@@ -368,6 +387,11 @@ class Policy:
         if kind == "hidden":
             return (f"{rel} is the hidden test split; it is scored for humans only and is never shown to "
                     f"the agent. Judge changes by the val_bpb that run_experiment reports.")
+        if kind == "statehome":
+            return (f"{rel} is the loop's own state outside the workspace (ledger, validation and test data, "
+                    "settings); neither the agent nor train.py may read or write it. Use the MCP tools "
+                    "(state_read, budget_check); budgets and connectors are changed by a human with "
+                    "`loopwright config`.")
         if kind == "private":
             return (f"{rel} holds results that include the hidden test score; read experiment results with "
                     f"the state_read tool instead.")

@@ -23,7 +23,7 @@ from typing import Optional
 
 from mcp_server.loop import config as cfgmod
 from mcp_server.loop import gitops
-from mcp_server.loop.workspace import LOCK_NAME, Workspace, prepare_data
+from mcp_server.loop.workspace import ID_NAME, LOCK_NAME, Workspace, prepare_data
 
 
 @dataclass(frozen=True)
@@ -120,6 +120,15 @@ def _check(ws: Workspace, pinned: str) -> list[Mismatch]:
         elif _cached_sha(path) != digest:
             out.append(Mismatch(f"data/{name}", "data", "data file hash changed"))
     out += check_git_dir(ws)
+    # The id that names our state directory: changed, the next open would refuse (or, under a forged
+    # state directory, be fooled): put it back now, while the loop still knows the right one.
+    id_file = ws.local_dir / ID_NAME
+    try:
+        ok = id_file.read_text().strip() == ws.state_dir.name and not id_file.is_symlink()
+    except OSError:
+        ok = False
+    if not ok:
+        out.append(Mismatch(f"{ws.cfg.paths.state_dir}/{ID_NAME}", "id", "the workspace id was changed"))
     return out
 
 
@@ -172,6 +181,13 @@ def restore(ws: Workspace, pinned: str, mismatches: list[Mismatch]) -> list[str]
         elif path.exists():
             shutil.move(str(path), str(evidence / m.path))   # kept for a human to look at
         done.append(f"removed {m.path}")
+    if any(m.kind == "id" for m in mismatches):
+        id_file = ws.local_dir / ID_NAME
+        if id_file.is_symlink() or id_file.is_dir():
+            shutil.rmtree(id_file) if id_file.is_dir() and not id_file.is_symlink() else id_file.unlink()
+        id_file.parent.mkdir(parents=True, exist_ok=True)
+        id_file.write_text(ws.state_dir.name + "\n")
+        done.append(f"restored {ID_NAME}")
     if any(m.kind == "data" for m in mismatches):
         done.append(_rebuild_data(ws, pinned))
     if files:
