@@ -130,7 +130,7 @@ def run_training(ws: Workspace, run_dir: Path, seed: int, on_progress: Optional[
     # train view where the workspace's prepare.py looks.
     view = ws.sync_train_view()
     bench = ws.cfg.benchmark
-    hard_limit = bench.time_budget + bench.grace_seconds
+    hard_limit = bench.hard_limit_seconds()   # per budget clock: cpu/steps runs may wait for a busy CPU
     env = clean_env({"LOOPWRIGHT_SEED": str(seed), "LOOPWRIGHT_EXPORT_PATH": str(model_path),
                      "LOOPWRIGHT_RUN_DIR": str(scratch), "PYTHONHASHSEED": str(seed),
                      "TMPDIR": "/tmp", "HOME": os.path.expanduser("~")})
@@ -180,7 +180,8 @@ def run_training(ws: Workspace, run_dir: Path, seed: int, on_progress: Optional[
 
     if timed_out:
         return TrainResult("timeout", None, f"killed at the hard limit of {hard_limit:.0f} s "
-                           f"(time budget {bench.time_budget:.0f} s + grace {bench.grace_seconds:.0f} s)",
+                           f"of wall clock (clock {bench.clock!r}, time budget {bench.time_budget:.0f} s, grace "
+                           f"{bench.grace_seconds:.0f} s: see BenchmarkConfig.hard_limit_seconds)",
                            wall, summary, tail, sandbox=info.kind)
     if proc.returncode != 0:
         return TrainResult("crash", proc.returncode, f"train.py exited with code {proc.returncode}", wall,
