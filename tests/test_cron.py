@@ -210,15 +210,23 @@ def test_install_lines():
 
 
 def test_sigterm_stops_the_daemon_cleanly(tmp_path):
+    from mcp_server.loop import settings as setmod
+    from mcp_server.loop.workspace import _write_id, create_state_dir
+
     ws = tmp_path / "ws"
     (ws / ".git").mkdir(parents=True)
-    (ws / "loopwright.toml").write_text('[[schedule]]\ncron = "0 1 * * *"\nagent = "builtin"\n')
+    (ws / "loopwright.toml").write_text("")
+    wid, st = create_state_dir(ws)           # schedules are settings, in the state directory
+    _write_id(ws, wid)
+    sched = setmod.set_value(setmod.set_value(setmod.Settings(), "schedule.0.cron", "0 1 * * *"),
+                             "schedule.0.agent", "builtin")
+    setmod.save(st / setmod.SETTINGS_NAME, sched)
     proc = subprocess.Popen([sys.executable, "-c",
                              "import sys; from mcp_server.triggers.cron import serve_forever; "
                              "sys.exit(serve_forever(sys.argv[1]))", str(ws)],
                             cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    state = ws / ".loopwright" / "cron.json"
+    state = st / "cron.json"
     deadline = time.monotonic() + 30
     while not state.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -1,4 +1,4 @@
-"""`loopwright cron`: start agent sessions on the [[schedule]] entries of loopwright.toml.
+"""`loopwright cron`: start agent sessions on the [[schedule]] entries of the settings (`loopwright config`).
 
 On each tick, for each schedule, at most ONE session starts: for the newest fire
 time in (last fire, now]; older missed fires are coalesced into it, and a fire
@@ -184,8 +184,9 @@ def scheduler_for(root: Path | str, start_session: Optional[StartSession] = None
 
     ws = Workspace.open(root)
     if not ws.cfg.schedule:
-        raise ValueError(f"{ws.root / 'loopwright.toml'} has no [[schedule]] entries; add one, e.g.\n"
-                         "[[schedule]]\ncron = \"0 1 * * *\"\nagent = \"claude\"\ntimezone = \"UTC\"")
+        raise ValueError("no [[schedule]] entries in the loop's settings; add one with\n"
+                         f"    loopwright config -w {ws.root} set schedule.0.cron \"0 1 * * *\"\n"
+                         "(and schedule.0.agent / schedule.0.timezone), or `loopwright config edit`")
     return Scheduler(ws.cfg.schedule, ws.state_dir / STATE_NAME, ws.state_dir / SESSION_LOCK,
                      start_session or default_starter(ws.root))
 
@@ -212,7 +213,7 @@ def serve_forever(root: Path | str) -> int:
 
 def install_lines(workspace: Path | str, python: str) -> dict[str, str]:
     """Text for running `loopwright cron --once` every minute from system cron or a systemd timer
-    (the schedules themselves stay in loopwright.toml). Keys: crontab, service, timer."""
+    (the schedules themselves stay in the settings). Keys: crontab, service, timer."""
     ws, py = Path(workspace).resolve(), shlex.quote(python)
     cmd = f"{py} -m mcp_server.cli cron --once"   # run in the workspace: the CLI finds it from the cwd
     log_path = shlex.quote(str(ws / ".loopwright" / "cron.log"))

@@ -437,8 +437,8 @@ def serve(root: Path | str, host: Optional[str] = None, port: Optional[int] = No
     import uvicorn
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from mcp_server.loop.config import load_config
+    from mcp_server.loop.workspace import Workspace
 
-    wh = load_config(root).webhook
+    wh = Workspace.open(root).cfg.webhook      # the human's settings, not the agent-writable loopwright.toml
     app = create_app(root)
     uvicorn.run(app, host=host or wh.host, port=port or wh.port, log_level="info")
