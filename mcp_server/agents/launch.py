@@ -303,33 +303,11 @@ def _toml(value: Any) -> str:
 
 
 def codex_overrides(root: Path, python: str, tool_timeout_s: float, level: str = "inner") -> list[str]:
-    """`-c` overrides: the loopwright MCP server and the guard hooks, run by `python`."""
-    guard = f"{shlex.quote(python)} -m mcp_server.guard"
+    """`-c` overrides: the workspace-write sandbox, the loopwright MCP server and the guard hooks, run by
+    `python` (generated in agents/clients.py, with every other client config)."""
+    from mcp_server.agents import clients
 
-    def hook(event: str, matcher: Optional[str], timeout: int) -> list:
-        group: dict[str, Any] = {"hooks": [{"type": "command", "command": f"{guard} {event}", "timeout": timeout}]}
-        if matcher:
-            group = {"matcher": matcher, **group}
-        return [group]
-
-    name = OUTER_SERVER if level == "outer" else MCP_SERVER
-    serve = ["-m", "mcp_server.cli", "serve"] + (["--level", "outer"] if level == "outer" else [])
-    pairs = {
-        f"mcp_servers.{name}.command": python,
-        f"mcp_servers.{name}.args": serve + ["--workspace", str(root)],
-        f"mcp_servers.{name}.required": True,
-        f"mcp_servers.{name}.startup_timeout_sec": 60,
-        f"mcp_servers.{name}.tool_timeout_sec": int(max(tool_timeout_s, 600)),
-        # score and revert are marked destructive: with approvals off, Codex would refuse them
-        f"mcp_servers.{name}.default_tools_approval_mode": "approve",
-        "hooks.PreToolUse": hook("pre-tool-use", HOOK_MATCHER, 30),
-        "hooks.Stop": hook("stop", None, 60),
-        "hooks.SessionStart": hook("session-start", "startup|resume", 60),
-    }
-    out: list[str] = []
-    for key, value in pairs.items():
-        out += ["-c", f"{key}={_toml(value)}"]
-    return out
+    return clients.codex_overrides(root, python, tool_timeout_s, level, outer_server=OUTER_SERVER)
 
 
 def codex_argv(exe: str, root: Path, prompt: str, tool_timeout_s: float, extra: list[str],

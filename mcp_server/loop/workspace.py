@@ -389,51 +389,12 @@ def agent_pointer(kind: str) -> str:
             "- Never stop to ask whether to continue: the loop runs until `budget_check` says should_stop.\n")
 
 
-def client_configs(root: Path, python: str) -> dict[str, str]:
-    """Workspace-level MCP + hook configs for people who do not install the plugin."""
-    serve = [python, "-m", "mcp_server.cli", "serve", "--workspace", str(root)]
-    guard = f"{python} -m mcp_server.guard"
-    mcp_json = {"mcpServers": {MCP_SERVER: {"command": serve[0], "args": serve[1:]}}}
+def client_configs(root: Path, python: str, state_dir: Optional[Path] = None,
+                   wiring: str = "workspace") -> dict[str, str]:
+    """The client files a workspace carries for `wiring` (agents/clients.py is their one home)."""
+    from mcp_server.agents import clients
 
-    def hook(event: str, timeout: int = 15) -> list[dict]:
-        return [{"type": "command", "command": f"{guard} {event}", "timeout": timeout}]
-
-    settings = {"hooks": {
-        "PreToolUse": [{"matcher": HOOK_MATCHER,
-                        "hooks": hook("pre-tool-use")}],
-        "Stop": [{"hooks": hook("stop", 30)}],
-        "SessionStart": [{"matcher": "startup|resume|compact", "hooks": hook("session-start", 30)}],
-    }}
-    q = json.dumps
-    codex = "\n".join([
-        "# loopwright: MCP server and hooks for Codex (copy into $CODEX_HOME/config.toml or trust this project)",
-        "[mcp_servers.loopwright]",
-        f"command = {q(serve[0])}",
-        f"args = {q(serve[1:])}",
-        "startup_timeout_sec = 60",
-        "tool_timeout_sec = 3600  # an experiment trains for minutes",
-        "required = true          # wait for the server before the first turn",
-        "",
-        "[[hooks.PreToolUse]]",
-        f"matcher = {q(HOOK_MATCHER)}",
-        "[[hooks.PreToolUse.hooks]]",
-        'type = "command"',
-        f"command = {q(guard + ' pre-tool-use')}",
-        "",
-        "[[hooks.Stop]]",
-        "[[hooks.Stop.hooks]]",
-        'type = "command"',
-        f"command = {q(guard + ' stop')}",
-        "",
-        "[[hooks.SessionStart]]",
-        "[[hooks.SessionStart.hooks]]",
-        'type = "command"',
-        f"command = {q(guard + ' session-start')}",
-        "",
-    ])
-    return {".mcp.json": json.dumps(mcp_json, indent=2) + "\n",
-            ".claude/settings.json": json.dumps(settings, indent=2) + "\n",
-            ".codex/config.toml": codex}
+    return clients.workspace_files(root, python, state_dir, wiring)
 
 
 def prepare_data(root: Path, data_dir: Path, corpus: Optional[str] = None, prepare_py: Optional[Path] = None,
@@ -458,7 +419,8 @@ def data_hashes(meta: dict) -> dict[str, str]:
 
 def init_workspace(directory: Path | str, tag: str = "main", corpus: str = "stdlib",
                    time_budget: Optional[float] = None, force: bool = False,
-                   overrides: Optional[dict] = None, bench_dir: Optional[Path] = None) -> Workspace:
+                   overrides: Optional[dict] = None, bench_dir: Optional[Path] = None,
+                   wiring: str = "workspace") -> Workspace:
     """Create a workspace (or a new campaign in an existing one) and return it.
 
     `bench_dir` holds prepare.py, train.py and program.md (default: the bundled GPT benchmark).
@@ -491,7 +453,7 @@ def init_workspace(directory: Path | str, tag: str = "main", corpus: str = "stdl
             raise WorkspaceError(f"{root} has uncommitted changes; commit or stash them first")
     existed = root.exists()
     try:
-        return _create(root, src, tag, corpus, time_budget, overrides)
+        return _create(root, src, tag, corpus, time_budget, overrides, wiring)
     except BaseException:
         # A half-made workspace would block the next `init`: remove what this call created.
         if fresh:
@@ -531,18 +493,18 @@ def _write_id(root: Path, wid: str) -> None:
 
 
 def _create(root: Path, src: Path, tag: str, corpus: str, time_budget: Optional[float],
-            overrides: Optional[dict]) -> Workspace:
+            overrides: Optional[dict], wiring: str = "workspace") -> Workspace:
     root.mkdir(parents=True, exist_ok=True)
     wid, state = create_state_dir(root)
     try:
-        return _create_in(root, state, wid, src, tag, corpus, time_budget, overrides)
+        return _create_in(root, state, wid, src, tag, corpus, time_budget, overrides, wiring)
     except BaseException:
         shutil.rmtree(state, ignore_errors=True)
         raise
 
 
 def _create_in(root: Path, state: Path, wid: str, src: Path, tag: str, corpus: str, time_budget: Optional[float],
-               overrides: Optional[dict]) -> Workspace:
+               overrides: Optional[dict], wiring: str = "workspace") -> Workspace:
     for name in BENCH_FILES:
         shutil.copyfile(src / name, root / name)
 
@@ -561,7 +523,7 @@ def _create_in(root: Path, state: Path, wid: str, src: Path, tag: str, corpus: s
     _write(root / cfgmod.CONFIG_NAME, _config_header() + cfgmod.dump_config(cfg))
     _write(root / "AGENTS.md", agent_pointer("codex"))
     _write(root / "CLAUDE.md", agent_pointer("claude"))
-    for rel, text in client_configs(root, sys.executable).items():
+    for rel, text in client_configs(root, sys.executable, state, wiring).items():
         _write(root / rel, text)
     gitignore = root / ".gitignore"
     lines = gitignore.read_text().splitlines() if gitignore.exists() else []
