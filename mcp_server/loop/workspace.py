@@ -155,6 +155,9 @@ def old_layout(root: Path) -> bool:
     return (root / ".loopwright" / "state.db").is_file() and not (root / ".loopwright" / ID_NAME).is_file()
 
 
+_WARNED: set[str] = set()
+
+
 class Workspace:
     """A workspace and its state directory. `cfg` is the merged configuration: the frozen sections from
     loopwright.toml, the operational ones from the state directory's settings.toml (re-read when it changes)."""
@@ -258,7 +261,9 @@ class Workspace:
                    f"in {self.settings_path} and change only with `loopwright config set KEY VALUE` "
                    "(`loopwright config show` prints them)")
             self.warnings.append(msg)
-            print(f"loopwright: warning: {msg}", file=sys.stderr)
+            if msg not in _WARNED:          # once per process (the server opens the workspace per call)
+                _WARNED.add(msg)
+                print(f"loopwright: warning: {msg}", file=sys.stderr)
 
     # -- paths ----------------------------------------------------------------
     @property
