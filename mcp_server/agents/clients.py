@@ -357,3 +357,51 @@ def apply_wiring(root: Path, python: str, state_dir: Optional[Path], wiring: str
     if ".mcp.json" not in files and (root / ".mcp.json").is_file():
         (root / ".mcp.json").unlink()
     return chosen
+
+
+# -- did the hooks run? ------------------------------------------------------------------------------
+# Codex runs hooks only once they are trusted (/hooks) and otherwise says nothing; a session whose hooks
+# never fired has no guard and no Stop hook. The guard leaves a heartbeat per client session in the
+# workspace's .loopwright/hooks/ (a diagnostic, not a security boundary); the launcher and doctor read it.
+HEARTBEAT_DIR = ".loopwright/hooks"
+HOOKS_NEVER_RAN = ("the loopwright hooks never ran in this session, so nothing guarded it and the Stop hook "
+                   "never kept it going. Codex runs hooks only once trusted: open Codex in the workspace and "
+                   "trust them with /hooks (or pass --dangerously-bypass-hook-trust to `codex exec`); Claude "
+                   "Code: check `/hooks` and run `loopwright doctor`.")
+
+
+def _workspace_of(cwd: str) -> Optional[Path]:
+    p = Path(cwd or ".").resolve()
+    for d in (p, *p.parents):
+        if (d / "loopwright.toml").is_file():
+            return d
+    return None
+
+
+def record_hook_heartbeat(raw_payload: str, event: str) -> None:
+    """Touch .loopwright/hooks/<client session id> for the workspace the payload's cwd is in. Never raises."""
+    try:
+        payload = json.loads(raw_payload or "{}")
+        root = _workspace_of(payload.get("cwd") or os.getcwd())
+        if root is None:
+            return
+        sid = "".join(ch for ch in str(payload.get("session_id") or "unknown") if ch.isalnum() or ch in "-_.")[:80]
+        d = root / HEARTBEAT_DIR
+        d.mkdir(parents=True, exist_ok=True)
+        (d / (sid or "unknown")).write_text(json.dumps({"event": event, "session_id": sid}) + "\n")
+    except Exception:  # noqa: BLE001 - a diagnostic must never change a hook's answer
+        pass
+
+
+def last_hook_heartbeat(root: Path) -> Optional[float]:
+    """When a loopwright hook last ran in this workspace (epoch seconds), or None if never."""
+    d = Path(root) / HEARTBEAT_DIR
+    try:
+        return max((f.stat().st_mtime for f in d.iterdir() if f.is_file()), default=None)
+    except OSError:
+        return None
+
+
+def hooks_ran_since(root: Path, since: float) -> bool:
+    last = last_hook_heartbeat(root)
+    return last is not None and last >= since - 1.0

@@ -500,6 +500,14 @@ def launch_session(root: Path | str, agent: str, trigger: str = "manual", detail
         error = f"could not start {argv[0]}: {e}"
     except BaseException as e:  # noqa: BLE001 - recorded below, then re-raised
         error, reraise = f"{type(e).__name__}: {e}", e
+    if agent in ("claude", "codex") and run is not None and not run.interrupted:
+        from mcp_server.agents import clients
+
+        with ws.ledger() as ledger:
+            started_at = ledger.session(sid)["started_at"]
+        if not clients.hooks_ran_since(ws.root, started_at):
+            start_detail["hooks_never_ran"] = True
+            print(f"loopwright launch: session {sid}: {clients.HOOKS_NEVER_RAN}", file=sys.stderr)
     sinks = sinks_for(ws.cfg)
     with ws.ledger() as ledger:
         _record_end(ledger, sid, campaign["id"], agent, trigger, start_detail, parser.outcome(), run, error,

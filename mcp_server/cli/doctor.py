@@ -63,40 +63,31 @@ def _workspace_checks(start: Optional[str]) -> tuple[list[Check], Optional[Path]
     return out, ws.root
 
 
-def _hook_checks(root: Optional[Path]) -> list[Check]:
+def _hook_checks(root: Optional[Path], state_dir: Optional[Path] = None) -> list[Check]:
+    from mcp_server.agents import clients
+
     out: list[Check] = []
     if root is None:
         return out
-    settings = root / ".claude" / "settings.json"
-    try:
-        hooks = json.loads(settings.read_text()).get("hooks", {})
-        have = {k for k in ("PreToolUse", "Stop", "SessionStart") if hooks.get(k)}
-        out.append(Check(have == {"PreToolUse", "Stop", "SessionStart"},
-                         f"Claude Code hooks in .claude/settings.json: {', '.join(sorted(have)) or 'none'}",
-                         "re-create with `loopwright init` or install the plugin (README: Claude Code)"))
-    except (OSError, ValueError):
-        out.append(Check(False, "no .claude/settings.json hooks",
-                         "install the loopwright plugin for Claude Code, or re-run `loopwright init`"))
+    # one wiring per client (plugin or workspace files, never both), and the clients' sandboxes
+    out += [Check(f.ok, f.what, f.fix) for f in clients.check_wiring(root, state_dir)]
     # the guard must answer, and fast: it runs on every tool call
-    payload = json.dumps({"hook_event_name": "PreToolUse", "tool_name": "Write", "cwd": str(root),
+    payload = json.dumps({"hook_event_name": "PreToolUse", "tool_name": "Write", "cwd": "/",
                           "tool_input": {"file_path": str(root / "prepare.py"), "content": "x"}})
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "mcp_server.guard", "pre-tool-use"], input=payload,
-                          capture_output=True, text=True, timeout=30)
+                          capture_output=True, text=True, timeout=30, cwd=str(root))
     ms = (time.monotonic() - t0) * 1000
     denied = proc.returncode == 2 or '"deny"' in proc.stdout
     out.append(Check(denied, f"guard denies a write to prepare.py ({ms:.0f} ms)",
                      "the guard is broken: run `python -m mcp_server.guard pre-tool-use` by hand to see why"))
-    codex_home = Path(os.environ.get("CODEX_HOME", Path.home() / ".codex"))
-    cfg = codex_home / "config.toml"
-    text = cfg.read_text() if cfg.is_file() else ""
-    if MARK_BEGIN in text and str(root) in text:
-        out.append(Check(True, f"Codex config {cfg} has loopwright's MCP server and hooks for this workspace. "
-                               "Codex runs hooks only when trusted: run `/hooks` once in Codex, or pass "
-                               "--dangerously-bypass-hook-trust to codex exec"))
+    last = clients.last_hook_heartbeat(root)
+    if last is None:
+        out.append(Check(True, "no client session has run the hooks here yet",
+                         hint="if a session ran and this still says so, its hooks never fired: in Codex trust them "
+                              "with /hooks (untrusted hooks silently do not run)"))
     else:
-        out.append(Check(True, f"Codex not configured for this workspace ({cfg}) - optional",
-                         hint="`loopwright codex-config --write` adds the MCP server and hooks"))
+        out.append(Check(True, f"hooks last ran {time.strftime('%Y-%m-%d %H:%M', time.localtime(last))}"))
     return out
 
 
@@ -150,9 +141,20 @@ def _sandbox_checks() -> list[Check]:
     return [Check(ok, line, "" if ok else sandbox.INSTALL_HINT)]
 
 
+def _state_dir(root: Optional[Path]) -> Optional[Path]:
+    if root is None:
+        return None
+    try:
+        from mcp_server.loop.workspace import Workspace
+
+        return Workspace.open(root).state_dir
+    except Exception:  # noqa: BLE001 - the workspace checks above already said what is wrong
+        return None
+
+
 def run_doctor(workspace: Optional[str], skip_server: bool = False) -> int:
     checks, root = _workspace_checks(workspace)
-    checks += _hook_checks(root)
+    checks += _hook_checks(root, _state_dir(root))
     checks += _sandbox_checks()
     if not skip_server:
         checks += _server_check(root)
@@ -171,9 +173,11 @@ def run_doctor(workspace: Optional[str], skip_server: bool = False) -> int:
 
 
 def codex_block(root: Path) -> str:
-    from mcp_server.loop.workspace import client_configs
+    """The managed block for a user-level $CODEX_HOME/config.toml: the server and hooks (the workspace's own
+    .codex/config.toml sets the sandbox; a user-level sandbox_mode would apply to every project)."""
+    from mcp_server.agents.clients import codex_config_toml
 
-    return f"{MARK_BEGIN}\n{client_configs(root, sys.executable)['.codex/config.toml']}{MARK_END}\n"
+    return f"{MARK_BEGIN}\n{codex_config_toml(sys.executable, root, 'workspace', with_sandbox=False)}{MARK_END}\n"
 
 
 def write_codex_config(root: Path, config_path: Path) -> str:

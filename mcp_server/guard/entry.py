@@ -38,6 +38,9 @@ def main(argv: Optional[list] = None) -> int:
         sys.stderr.write(f"loopwright guard: unknown event {event!r}; use pre-tool-use, stop or "
                          f"session-start. Blocked.\n")
         return 2
+    from mcp_server.agents.clients import record_hook_heartbeat
+
+    record_hook_heartbeat(raw, event)   # lets the launcher and doctor tell hooks that never run (untrusted)
     return handler(raw, exit_code_format)
 
 

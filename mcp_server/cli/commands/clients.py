@@ -33,10 +33,17 @@ def codex_config_args(sp) -> None:
 
 
 def codex_config(args) -> int:
+    from mcp_server.agents.clients import installed_plugin
     from mcp_server.cli.doctor import codex_block, write_codex_config
     from mcp_server.loop.workspace import Workspace
 
     root = Workspace.find(args.workspace).root
+    plugin = installed_plugin("codex")
+    if plugin and args.write:   # a second copy would run every hook twice and replace the plugin's server
+        print(f"loopwright codex-config: the loopwright plugin is installed for Codex ({plugin}); it already "
+              "brings the MCP server and hooks, so nothing was written. Run `loopwright doctor` to check.",
+              file=sys.stderr)
+        return 2
     if not args.write:
         sys.stdout.write(codex_block(root))
         return 0
@@ -45,3 +52,25 @@ def codex_config(args) -> int:
     print("Codex runs hooks only once they are trusted: open Codex and review them with /hooks, or pass "
           "--dangerously-bypass-hook-trust to `codex exec` (hooks that are not trusted silently do not run).")
     return 0
+
+
+def wiring_args(sp) -> None:
+    sp.add_argument("--set", dest="choice", choices=["auto", "plugin", "workspace"], default=None,
+                    help="rewrite the workspace's client files for this wiring (auto: plugin where installed)")
+
+
+def wiring(args) -> int:
+    """Show, or change, how each client reaches loopwright in this workspace (one wiring per client)."""
+    from mcp_server.agents import clients
+    from mcp_server.loop.workspace import Workspace
+
+    ws = Workspace.find(args.workspace)
+    if args.choice:
+        chosen = clients.apply_wiring(ws.root, sys.executable, ws.state_dir, args.choice,
+                                      editable=ws.cfg.paths.editable)
+        print("wiring: " + ", ".join(f"{c}: {w}" for c, w in chosen.items()))
+    bad = 0
+    for f in clients.check_wiring(ws.root, ws.state_dir):
+        print(f"{'✔' if f.ok else '✘'} {f.what}" + (f"\n    fix: {f.fix}" if not f.ok and f.fix else ""))
+        bad += not f.ok
+    return 1 if bad else 0

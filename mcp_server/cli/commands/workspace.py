@@ -16,6 +16,10 @@ def init_args(sp) -> None:
                     help="wall-clock seconds each experiment's train.py may run, start-up (imports, data loading, "
                          "compilation) included; at least 30 (default 30)")
     sp.add_argument("--force", action="store_true", help="allow a non-empty directory or an existing git repo")
+    sp.add_argument("--wiring", choices=["auto", "plugin", "workspace"], default="auto",
+                    help="how Claude Code / Codex reach loopwright: plugin (the installed plugin brings the server "
+                         "and hooks; the workspace gets none), workspace (the workspace carries .mcp.json, hooks "
+                         "and .codex/config.toml), auto (default: plugin for a client that has it installed)")
 
 
 def init(args) -> int:
@@ -26,8 +30,15 @@ def init(args) -> int:
         check_time_budget(args.time_budget)
     except ValueError as e:
         return usage_error("init", str(e))
-    ws = init_workspace(args.dir, tag=args.tag, corpus=args.corpus, time_budget=args.time_budget, force=args.force)
+    from mcp_server.agents.clients import resolve_wiring
+
+    wiring = resolve_wiring(args.wiring)
+    ws = init_workspace(args.dir, tag=args.tag, corpus=args.corpus, time_budget=args.time_budget, force=args.force,
+                        wiring=wiring)
     print(f"workspace ready: {ws.root} (campaign '{args.tag}', branch loopwright/{args.tag})")
+    print("wiring: " + ", ".join(f"{c} via the {w}" + (" plugin" if w == "plugin" else "'s own files")
+                                 for c, w in (("Claude Code", wiring["claude"]), ("Codex", wiring["codex"])))
+          + " (change with `loopwright wiring --set plugin|workspace|auto`)")
     print(f"next: `loopwright serve --workspace {ws.root}` for an agent, or "
           f"`loopwright run --agent builtin --workspace {ws.root}`")
     return 0
