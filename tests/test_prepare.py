@@ -169,7 +169,17 @@ def test_uniform_logits_score_exactly_8_bits_per_byte(ws, prep, tmp_path):
     assert res["val_bpb"] == pytest.approx(8.0, abs=1e-9)
     assert res["test_bpb"] == pytest.approx(8.0, abs=1e-9)
     assert res["val_tokens"] == 4096 and 0 < res["val_bytes"] < 4096  # separators carry no bytes
+    assert res["val_se"] == pytest.approx(0.0, abs=1e-9)               # every window scores exactly 8
     assert res["eval_seconds"] > 0
+
+
+def test_sampling_error_is_the_window_spread_over_sqrt_n(prep):
+    bits = [3.0, 3.5, 2.5, 4.0, 3.2]
+    windows = [(b * math.log(2), 1) for b in bits]   # equal bytes: the ratio's SE is SD / sqrt(n)
+    assert prep.sampling_error(windows) == pytest.approx(np.std(bits, ddof=1) / math.sqrt(5), rel=1e-12)
+    doubled = [(n * 2, b * 2) for n, b in windows]      # same per-byte values, twice the bytes: unchanged
+    assert prep.sampling_error(doubled) == pytest.approx(prep.sampling_error(windows), rel=1e-12)
+    assert math.isnan(prep.sampling_error(windows[:1]))
 
 
 def test_hand_computed_case_and_separators(hand_ws, tmp_path):

@@ -890,6 +890,19 @@ def bpb_sums(forward_fn, tokens, token_bytes, max_tokens, batch_size=B_EVAL, dev
     return nats, nbytes, len(starts) * SEQ_LEN
 
 
+def sampling_error(windows):
+    """Standard error of a bits-per-byte figure from its windows' (nats, bytes): the spread of
+    the per-window values / sqrt(n), for a ratio of sums (delta method). How much the score would
+    move with another sample of the same size from the same text; it does not include seed noise."""
+    n = len(windows)
+    nats = np.array([w[0] for w in windows], dtype=np.float64) / math.log(2)
+    nbytes = np.array([w[1] for w in windows], dtype=np.float64)
+    if n < 2 or nbytes.sum() <= 0:
+        return float("nan")
+    resid = nats - nats.sum() / nbytes.sum() * nbytes
+    return float(math.sqrt(n) * resid.std(ddof=1) / nbytes.sum())
+
+
 def evaluate_bpb(forward_fn, split="train_eval", max_tokens=None, batch_size=B_EVAL, device="cpu", data_dir=None):
     """Bits per byte of forward_fn (x int64 (B, T) on `device` -> logits), for
     train.py's quick look; the score comes from the evaluate CLI on the exported
@@ -1073,9 +1086,12 @@ def evaluate_exported(model_path, data_dir=None):
     causality_probe(forward, val, vocab)
     result = {"ok": True, "causal": True}
     for split, tokens in (("val", val), ("test", _tokens("test", data_dir))):
-        nats, nbytes, ntok = bpb_sums(forward, tokens, token_bytes, EVAL_TOKENS, B_EVAL, fixed_batch=True)
+        windows = []
+        nats, nbytes, ntok = bpb_sums(forward, tokens, token_bytes, EVAL_TOKENS, B_EVAL, fixed_batch=True,
+                                      per_window=windows)
         result[f"{split}_bpb"] = nats / (math.log(2) * nbytes)
         result[f"{split}_tokens"], result[f"{split}_bytes"] = ntok, nbytes
+        result[f"{split}_se"] = sampling_error(windows)
     check_stateless()
     result["eval_seconds"] = round(time.time() - t0, 3)
     return result
