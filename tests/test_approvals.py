@@ -337,3 +337,38 @@ def test_approve_runs_holds_a_change_before_it_runs(tmp_path, small_corpus):
         row = eng.ledger.experiment(res.experiment_id)
         assert "LR = 0.004" in gitops.blob_bytes(root, row["commit_sha"], "train.py").decode()
         assert eng.ledger.approval(1)["status"] == "ran"
+
+
+def test_the_verdict_migration_keeps_every_row_index_and_link(tmp_path):
+    """Migration 9 rebuilds the experiments table (SQLite cannot widen a CHECK): an old ledger loses nothing."""
+    import sqlite3
+
+    from mcp_server.ledger import store
+
+    saved = list(store.MIGRATIONS)
+    try:
+        store.MIGRATIONS[:] = saved[:8]                      # a ledger from before the autonomy slider
+        with Ledger(tmp_path / "s.db") as led:
+            cid = led.create_campaign("t", "loopwright/t", "abc")
+            e1 = led.start_experiment(cid, "a", commit_sha="c1", status="ok", val_bpb=1.5)
+            e2 = led.start_experiment(cid, "b", confirm_of=e1, role="confirm")
+            led.update_experiment(e1, verdict="keep")
+            led.add_note(cid, "lesson", "x", e1)
+            with pytest.raises(sqlite3.IntegrityError):
+                led.update_experiment(e2, verdict="pending_approval")
+            before = [dict(r) for r in led.conn.execute("SELECT * FROM experiments ORDER BY id")]
+            indexes = sorted(r[0] for r in led.conn.execute(
+                "SELECT name FROM sqlite_master WHERE type='index' AND tbl_name='experiments'"))
+    finally:
+        store.MIGRATIONS[:] = saved
+    with Ledger(tmp_path / "s.db") as led:
+        assert led.schema_version == len(saved)
+        assert [dict(r) for r in led.conn.execute("SELECT * FROM experiments ORDER BY id")] == before
+        assert sorted(r[0] for r in led.conn.execute(
+            "SELECT name FROM sqlite_master WHERE type='index' AND tbl_name='experiments'")) == indexes
+        led.update_experiment(e2, verdict="pending_approval")
+        assert led.conn.execute("PRAGMA foreign_key_check").fetchall() == []
+        with pytest.raises(sqlite3.IntegrityError):          # foreign keys still enforced after the rebuild
+            led.start_experiment(cid, "c", confirm_of=999)
+        with pytest.raises(sqlite3.IntegrityError):          # and the CHECK still refuses other verdicts
+            led.update_experiment(e2, verdict="maybe")

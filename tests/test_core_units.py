@@ -62,6 +62,9 @@ def test_ledger_wal_and_migrations(tmp_path):
     raw.execute("DROP INDEX experiments_commit")
     for col in ("role", "paired_with", "seed_set"):
         raw.execute(f"ALTER TABLE experiments DROP COLUMN {col}")
+    raw.execute("DROP TABLE mechanism_trials")                       # undo migration 7 (mechanisms)
+    raw.execute("DROP TABLE mechanisms")
+    raw.execute("DROP TABLE approvals")                              # undo migration 8 (9 is a no-op here)
     raw.execute("PRAGMA user_version = 1")
     raw.commit()
     raw.close()
