@@ -391,3 +391,18 @@ def test_builtin_outer_session_and_codex_outer_wiring(ws):
     over = " ".join(codex_overrides(ws.root, sys.executable, 600, level="outer"))
     assert 'mcp_servers.loopwright_outer.args=["-m", "mcp_server.cli", "serve", "--level", "outer"' in over
     assert "mcp_servers.loopwright." not in over
+
+
+def test_a_schedule_entry_can_start_an_outer_session(ws):
+    """[[schedule]] level = "outer": the cron starter launches an outer session (here the built-in one)."""
+    from mcp_server.loop.config import ScheduleConfig
+    from mcp_server.triggers.cron import default_starter
+
+    with pytest.raises(ValueError):
+        ScheduleConfig(cron="0 * * * *", level="middle")
+    add_rows(ws, "dd")
+    default_starter(ws.root)(ScheduleConfig(cron="0 * * * *", agent="builtin", level="outer"), "test fire")
+    with ws.ledger() as led:
+        s = led.sessions()[-1]
+        assert s["trigger"] == "cron" and json.loads(s["detail"])["level"] == "outer" and s["exit_code"] == 0
+        assert [m["author"] for m in led.mechanisms(("active",))] == ["builtin-outer"]

@@ -135,6 +135,8 @@ class BudgetConfig(_Section):
 class ScheduleConfig(_Section):
     cron: str
     agent: Literal["claude", "codex", "builtin"] = "claude"
+    level: Literal["inner", "outer"] = Field(default="inner", description="outer: a session that improves the "
+                                             "search mechanisms (launch --level outer)")
     timezone: str = "UTC"
     max_session_minutes: float = Field(default=120, gt=0)
     grace_minutes: float = Field(default=60, ge=0, description="a missed fire older than this is skipped")

@@ -175,7 +175,7 @@ class Scheduler:
 def default_starter(root: Path | str) -> StartSession:
     def start(schedule, detail: str) -> None:
         launch(root, agent=schedule.agent, trigger="cron", detail=detail,
-               max_session_minutes=schedule.max_session_minutes)
+               max_session_minutes=schedule.max_session_minutes, level=getattr(schedule, "level", "inner"))
     return start
 
 
