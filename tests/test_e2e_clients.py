@@ -57,6 +57,14 @@ def _budget_spent(root: Path) -> bool:
         eng.close()
 
 
+def _sandbox(root: Path) -> dict:
+    """The Claude Code sandbox `loopwright init` wrote into the workspace (bubblewrap on Linux), passed with
+    --settings: the test loads the plugin, so the project's own settings (and their hooks) stay out."""
+    sb = json.loads((root / ".claude" / "settings.json").read_text())["sandbox"]
+    assert sb["enabled"] and sb["failIfUnavailable"] and sb["allowUnsandboxedCommands"] is False
+    return sb
+
+
 # --------------------------------------------------------------------------- Claude Code
 
 @pytest.mark.timeout(420)
@@ -96,7 +104,10 @@ def test_claude_code_plugin_runs_the_loop(tmp_path, small_corpus):
         after_run,
         after_score,
     ]
-    run = h.run_claude(root, script, plugin_dir=REPO, timeout=360,
+    import tempfile
+
+    run = h.run_claude(root, script, plugin_dir=REPO, timeout=360, settings={"sandbox": _sandbox(root)},
+                       run_dir=tempfile.mkdtemp(prefix="lw-", dir="/tmp"),   # short: the sandbox's socket paths
                        extra_env={"LOOPWRIGHT_PYTHON": sys.executable, "CLAUDE_CODE_STOP_HOOK_BLOCK_CAP": "0",
                                   "MCP_CONNECT_TIMEOUT_MS": "60000"}).check()
 
@@ -218,3 +229,47 @@ def test_mcp_inspector_lists_and_calls_the_tools(plain_ws):
     budget, proc = h.run_inspector(serve, method="tools/call", tool_name="budget_check")
     assert budget is not None and not budget.get("isError"), proc.stdout + proc.stderr
     assert budget["structuredContent"]["experiments_left"] == 2
+
+
+@pytest.mark.timeout(300)
+def test_claude_code_sandbox_keeps_a_hook_allowed_bash_write_out_of_the_state_dir(tmp_path, small_corpus):
+    """The guard cannot see a path computed at run time; the OS sandbox (bubblewrap, from the settings init
+    wrote) keeps the write away from the ledger anyway. The same command outside the sandbox does write."""
+    import hashlib
+
+    from mcp_server.agents import clients
+    from mcp_server.loop.workspace import Workspace
+
+    h.require_binary("claude")
+    root = fast_workspace(tmp_path, small_corpus)
+    state = Workspace.open(root).state_dir
+    db = state / "state.db"
+    before = (hashlib.sha256(db.read_bytes()).hexdigest(), sorted(p.name for p in state.iterdir()))
+    # a path the guard cannot see: joined at run time
+    attack = (f"python3 -c \"import os; d = os.sep.join(['{state.parent}', '{state.name}']); "
+              "open(os.path.join(d, 'state.db'), 'ab').write(b'forged'); "
+              "open(os.path.join(d, 'planted'), 'w').write('x'); print('wrote', d)\"")
+    scratch = clients.scratch_dir(state) / "note.txt"
+    script = [ToolUse("Bash", {"command": attack, "description": "tamper"}),
+              ToolUse("Bash", {"command": f"echo ok > {scratch} && cat {scratch}", "description": "scratch"}),
+              ToolUse("Bash", {"command": f"ls -A {state} | wc -l", "description": "look"}),
+              "done"]
+    import tempfile
+
+    short = tempfile.mkdtemp(prefix="lw-", dir="/tmp")   # the sandbox's bridge sockets need a short path
+    run = h.run_claude(root, script, plugin_dir=REPO, timeout=240, settings={"sandbox": _sandbox(root)},
+                       run_dir=short,
+                       extra_env={"LOOPWRIGHT_PYTHON": sys.executable, "MCP_CONNECT_TIMEOUT_MS": "60000"})
+    run.check(allow_exhausted=True)   # the Stop hook keeps the session going (budget remains) until its cap
+    assert run.result["permission_denials"] == []                   # the hook let all three through
+    attempt, note, look = run.tool_results()[:3]
+    assert not attempt.is_error and "wrote" in attempt.text, attempt.text   # it ran, inside the sandbox
+    after = (hashlib.sha256(db.read_bytes()).hexdigest(), sorted(p.name for p in state.iterdir()))
+    assert after == before, "the sandboxed command reached the state dir"
+    assert not note.is_error and note.text.strip() == "ok"          # the scratch dir is writable
+    assert look.text.strip().splitlines()[-1].strip() in ("0", "1")  # inside, the state dir is not the real one
+    # control: the very same command, unsandboxed, does write there (so it was the sandbox that stopped it)
+    import subprocess
+
+    subprocess.run(["sh", "-c", attack], check=True, timeout=60)
+    assert (state / "planted").exists()

@@ -55,7 +55,8 @@ def test_claude_sandbox_is_on_with_no_escape_and_the_state_dir_out_of_reach():
     sb = json.loads(files[".claude/settings.json"])["sandbox"]
     assert sb["enabled"] is True and sb["failIfUnavailable"] is True and sb["allowUnsandboxedCommands"] is False
     fs = sb["filesystem"]
-    assert fs["allowWrite"] == ["/ws/train.py", "/ws/.loopwright/scratch"]
+    assert fs["allowWrite"] == ["/ws/train.py", str(clients.scratch_dir(STATE))]
+    assert not clients.scratch_dir(STATE).is_relative_to("/ws") and clients.scratch_dir(STATE).name.endswith("ws-abc")
     assert str(STATE) in fs["denyWrite"] and str(STATE) in fs["denyRead"]
     assert {"/ws/prepare.py", "/ws/.git", "/ws/loopwright.toml", "/ws/.loopwright/workspace-id"} <= set(fs["denyWrite"])
     assert tomllib.loads(files[".codex/config.toml"])["sandbox_workspace_write"]["network_access"] is False

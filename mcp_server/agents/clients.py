@@ -37,11 +37,20 @@ CLIENTS = ("claude", "codex")
 PLUGIN = "loopwright"
 PLUGIN_GUARD = '"${CLAUDE_PLUGIN_ROOT}/hooks/guard"'
 SESSION_START_MATCHER = "startup|resume|compact"
-SCRATCH = ".loopwright/scratch"            # the agent's own scratch space, inside the workspace
-# Workspace files the agent's shell must not write (the guard says why; the sandbox enforces it).
-FROZEN_WORKSPACE_FILES = ("prepare.py", "program.md", "loopwright.toml", "loopwright.lock", ".git", ".claude",
+# Workspace files the agent's shell must not write (the guard says why; the sandbox enforces it). Not
+# .claude: Claude Code's sandbox protects its own settings and mounts inside .claude (a read-only .claude
+# makes every sandboxed command fail).
+FROZEN_WORKSPACE_FILES = ("prepare.py", "program.md", "loopwright.toml", "loopwright.lock", ".git",
                           ".codex", ".mcp.json", "AGENTS.md", "CLAUDE.md", ".gitignore",
                           ".loopwright/workspace-id", ".loopwright/data")
+
+
+def scratch_dir(state_dir: Optional[Path]) -> Path:
+    """The agent's scratch space: outside the workspace (whose other files the guard keeps untouched) and
+    outside the state dir, one per workspace."""
+    import tempfile
+
+    return Path(tempfile.gettempdir()) / f"loopwright-scratch-{state_dir.name if state_dir else 'workspace'}"
 WIRING_FILE = ".loopwright/wiring.json"    # what init chose, for doctor
 
 
@@ -93,8 +102,9 @@ def claude_sandbox(root: Path, state_dir: Optional[Path], editable: Iterable[str
     if state_dir is not None:
         deny_write.insert(0, str(state_dir))
         deny_read.append(str(state_dir))
+    scratch_dir(state_dir).mkdir(mode=0o700, exist_ok=True)
     return {"enabled": True, "failIfUnavailable": True, "allowUnsandboxedCommands": False,
-            "filesystem": {"allowWrite": [str(root / p) for p in editable] + [str(root / SCRATCH)],
+            "filesystem": {"allowWrite": [str(root / p) for p in editable] + [str(scratch_dir(state_dir))],
                            "denyWrite": deny_write, "denyRead": deny_read}}
 
 
@@ -249,9 +259,7 @@ def workspace_files(root: Path, python: str, state_dir: Optional[Path] = None, w
     files = {".claude/settings.json": json.dumps(claude_settings(python, root, state_dir, chosen["claude"], editable),
                                                  indent=2) + "\n",
              ".codex/config.toml": codex_config_toml(python, root, chosen["codex"]),
-             WIRING_FILE: json.dumps(chosen, indent=2, sort_keys=True) + "\n",
-             f"{SCRATCH}/README.txt": "Scratch space for the agent's shell: the sandbox lets commands write here "
-                                      "and to train.py, nowhere else in the workspace.\n"}
+             WIRING_FILE: json.dumps(chosen, indent=2, sort_keys=True) + "\n"}
     if chosen["claude"] == "workspace":
         files[".mcp.json"] = json.dumps(mcp_json(python, root), indent=2) + "\n"
     return files
@@ -333,7 +341,7 @@ def check_sandboxes(root: Path, state_dir: Optional[Path]) -> list[Finding]:
     if state_dir is not None and str(state_dir) not in (fs.get("denyRead") or []):
         problems.append(f"the state dir {state_dir} is not in filesystem.denyRead")
     out.append(Finding(not problems, "Claude Code sandbox on in .claude/settings.json (Bash writes only train.py "
-                                     "and the scratch dir; the state dir unreachable)" if not problems else
+                                     f"and {scratch_dir(state_dir)}; the state dir unreachable)" if not problems else
                        "Claude Code sandbox: " + "; ".join(problems),
                        "`loopwright wiring --set auto` rewrites .claude/settings.json with the sandbox on"))
     mode = _read_toml(root / ".codex" / "config.toml").get("sandbox_mode")
