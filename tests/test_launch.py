@@ -137,6 +137,27 @@ def test_claude_command_line(tmp_path):
         launch.claude_argv("claude", tmp_path, "go", None, [])
 
 
+def test_claude_launch_of_a_plugin_wired_workspace_brings_its_own_server_and_hooks_once(tmp_path):
+    """A plugin-wired workspace has no .mcp.json and no hooks; `--setting-sources project` keeps the user's
+    plugin out, so the launcher passes the server and the hooks from the state dir: exactly one copy."""
+    from mcp_server.agents import clients
+
+    root, state = tmp_path / "ws", tmp_path / "state"
+    clients.apply_wiring(root, "/usr/bin/python3", state, "plugin")
+    argv = launch.claude_argv("claude", root, "go", None, [], state)
+    flag = {a: argv[i + 1] for i, a in enumerate(argv[:-1]) if a.startswith("--")}
+    assert flag["--setting-sources"] == "project"
+    servers = json.loads(open(flag["--mcp-config"]).read())["mcpServers"]
+    assert list(servers) == ["loopwright"] and str(root) in servers["loopwright"]["args"]
+    hooks = json.loads(open(flag["--settings"]).read())["hooks"]
+    assert {"PreToolUse", "Stop", "SessionStart"} == set(hooks)
+    assert open(flag["--mcp-config"]).name.startswith(str(state))         # out of the agent's reach
+    # a workspace-wired one: its own files, no second copy of the hooks
+    clients.apply_wiring(root, "/usr/bin/python3", state, "workspace")
+    argv = launch.claude_argv("claude", root, "go", None, [], state)
+    assert "--settings" not in argv and argv[argv.index("--mcp-config") + 1] == str(root / ".mcp.json")
+
+
 # --------------------------------------------------------------------------- refusals (nothing starts)
 
 @pytest.fixture(scope="module")

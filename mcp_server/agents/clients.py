@@ -413,3 +413,20 @@ def last_hook_heartbeat(root: Path) -> Optional[float]:
 def hooks_ran_since(root: Path, since: float) -> bool:
     last = last_hook_heartbeat(root)
     return last is not None and last >= since - 1.0
+
+
+# -- the launcher's own wiring for Claude Code ------------------------------------------------------
+def launcher_claude_files(root: Path, python: str, state_dir: Path) -> tuple[Path, Optional[Path]]:
+    """(--mcp-config file, --settings file or None) for a headless `claude -p` run with `--setting-sources
+    project` (no user plugin, so never a second copy). A workspace wired by its own files already has the
+    server and the hooks; a plugin-wired one gets them from files in the state dir, where the agent
+    cannot rewire them. The sandbox always comes from the project's .claude/settings.json."""
+    root = Path(root)
+    if (root / ".mcp.json").is_file() and _has_hooks(_read_json(root / ".claude" / "settings.json")):
+        return root / ".mcp.json", None
+    d = Path(state_dir) / "launch"
+    d.mkdir(parents=True, exist_ok=True)
+    mcp, settings = d / "claude-mcp.json", d / "claude-settings.json"
+    mcp.write_text(json.dumps(mcp_json(python, root), indent=2) + "\n")
+    settings.write_text(json.dumps({"hooks": hook_groups(guard_command(python))}, indent=2) + "\n")
+    return mcp, settings

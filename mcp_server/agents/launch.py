@@ -247,16 +247,25 @@ def _extra_args(env: dict[str, str], agent: str) -> list[str]:
         raise LaunchError(f"LOOPWRIGHT_{agent.upper()}_ARGS is not valid shell syntax ({e})") from None
 
 
-def claude_argv(exe: str, root: Path, prompt: str, cost_left: Optional[float], extra: list[str]) -> list[str]:
-    mcp_json = root / ".mcp.json"
-    if not mcp_json.is_file() or not (root / ".claude" / "settings.json").is_file():
-        raise LaunchError(f"{root} lacks .mcp.json or .claude/settings.json (written by `loopwright init`); "
-                          "this workspace cannot be launched headless. Run `loopwright doctor` to see why.")
+def claude_argv(exe: str, root: Path, prompt: str, cost_left: Optional[float], extra: list[str],
+                state_dir: Optional[Path] = None) -> list[str]:
+    from mcp_server.agents import clients
+
+    if not (root / ".claude" / "settings.json").is_file():
+        raise LaunchError(f"{root} lacks .claude/settings.json (written by `loopwright init`); this workspace "
+                          "cannot be launched headless. Run `loopwright doctor` to see why.")
+    if state_dir is None and not (root / ".mcp.json").is_file():
+        raise LaunchError(f"{root} lacks .mcp.json (a plugin-wired workspace): launch it through "
+                          "`loopwright launch`, which passes the server and hooks itself")
+    mcp_json, hooks = ((root / ".mcp.json", None) if state_dir is None else
+                       clients.launcher_claude_files(root, sys.executable, state_dir))
     tools = [f"mcp__{MCP_SERVER}__{t}" for t in MCP_TOOLS] + list(CLAUDE_TOOLS)
     argv = [exe, "-p", prompt, "--output-format", "stream-json", "--verbose",
             "--permission-mode", "acceptEdits", "--allowedTools", ",".join(tools),
             "--disallowedTools", ",".join(CLAUDE_DISALLOWED),
             "--setting-sources", "project", "--mcp-config", str(mcp_json), "--strict-mcp-config"]
+    if hooks is not None:   # a plugin-wired workspace: the hooks come from the state dir
+        argv += ["--settings", str(hooks)]
     if cost_left is not None:
         argv += ["--max-budget-usd", f"{max(cost_left, 0.0):.4f}"]
     return argv + extra
@@ -467,7 +476,7 @@ def launch_session(root: Path | str, agent: str, trigger: str = "manual", detail
             parser: Any = ClaudeParser()
         elif agent == "claude":
             argv = claude_argv(find_client("claude", env), ws.root, prompt, budget.cost_left_usd,
-                               _extra_args(env, "claude"))
+                               _extra_args(env, "claude"), ws.state_dir)
             parser = ClaudeParser()
         elif agent == "codex":
             price = parse_price(env.get("LOOPWRIGHT_CODEX_PRICE"))

@@ -131,7 +131,11 @@ class Engine:
         there before (an agent's pending edit, a committed candidate) is put back afterwards."""
         saved = {rel: (self.ws.root / rel).read_bytes() if (self.ws.root / rel).is_file() else None
                  for rel in self.ws.cfg.paths.editable}
-        gitops.checkout_files(self.ws.root, commit, self.ws.cfg.paths.editable)
+        for rel in self.ws.cfg.paths.editable:   # from the object store: git's index is left as it was
+            try:
+                (self.ws.root / rel).write_bytes(gitops.blob_bytes(self.ws.root, commit, rel))
+            except gitops.GitError:
+                (self.ws.root / rel).unlink(missing_ok=True)
         try:
             yield
         finally:
