@@ -39,8 +39,9 @@ def _frozen_snapshot(root: Path) -> bytes:
 
 def _check_ledger_after_one_candidate(root: Path, verdict: str) -> dict:
     rows = experiments(root)
-    assert [r["is_baseline"] for r in rows] == [1, 0], rows
-    cand = rows[1]
+    # the seeded baseline, any reference runs the paired verdict needs (is_baseline too), one candidate
+    assert rows[0]["is_baseline"] == 1 and [r["is_baseline"] for r in rows].count(0) == 1, rows
+    cand = next(r for r in rows if not r["is_baseline"])
     assert cand["status"] == "ok" and cand["val_bpb"] is not None, cand
     assert cand["verdict"] == verdict
     assert NEW_LR in git(root, "show", f"{cand['commit_sha']}:train.py")   # the edit is what was trained
