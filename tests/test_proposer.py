@@ -329,7 +329,12 @@ async def test_agent_keeps_confirms_notes_and_stops(tmp_path, small_corpus, monk
         rows = eng.ledger.experiments(c["id"])
         cands = [r for r in rows if not r["is_baseline"] and r["confirm_of"] is None]
         assert len(cands) == 6 and len({r["source_sha"] for r in cands}) == 6   # never the same train.py twice
-        assert len([r for r in rows if r["confirm_of"] == qk.experiment_id and r["role"] == "confirm"]) == 2
+        confirms = [r for r in rows if r["confirm_of"] == qk.experiment_id and r["role"] == "confirm"]
+        assert len(confirms) == 2
+        seeds_before = {r["seed"] for r in rows if r["id"] < confirms[0]["id"] and r["id"] != confirms[0]["paired_with"]}
+        for r in confirms:   # each confirm is a fresh seed, run for the reference (the best then) too
+            ref = eng.ledger.experiment(r["paired_with"])
+            assert ref["seed"] == r["seed"] and ref["is_baseline"] and r["seed"] not in seeds_before
         notes = eng.ledger.notes(c["id"])
         assert {n["kind"] for n in notes} >= {"lesson"}
         assert eng.summary().pending_score == [] and eng.summary().pending_retest == []
