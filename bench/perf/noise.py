@@ -80,9 +80,6 @@ def run(ws: Path, train: str, seed: int, tag: str) -> dict:
 
 
 def main(argv=None) -> int:
-    from mcp_server.loop.config import NoiseConfig
-    from mcp_server.loop.verdict import mde
-
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, default=4, help="seeds 1..N for each arm (default 4)")
     p.add_argument("--variant", default="WARMDOWN_FRAC=0.2", help="NAME=VALUE: the small change (default %(default)s)")
@@ -91,8 +88,15 @@ def main(argv=None) -> int:
     p.add_argument("--eval-tokens", type=int, default=None, help="[benchmark] eval_tokens (default: prepare.py's)")
     p.add_argument("--k", type=float, default=2.0, help="k_sigma of the verdict (default 2)")
     p.add_argument("--keep", action="store_true", help="keep the temporary workspace")
+    p.add_argument("--from-log", type=Path, help="recompute the figures from the JSON lines of an earlier "
+                   "(possibly interrupted) run's output instead of running anything")
     args = p.parse_args(argv)
     name, _, value = args.variant.partition("=")
+    if args.from_log:
+        rows = [json.loads(line) for line in args.from_log.read_text().splitlines() if line.startswith("{")]
+        seeds = {r["seed"] for r in rows if r["tag"] == "baseline"} & {r["seed"] for r in rows if r["tag"] == "variant"}
+        rows = [r for r in rows if r["seed"] in seeds]
+        return report(rows, args, None, None, None)
 
     tmp = Path(tempfile.mkdtemp(prefix="lw-noise-"))
     try:
@@ -124,6 +128,12 @@ def main(argv=None) -> int:
     finally:
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
+    return report(rows, args, elapsed, load0, load1)
+
+
+def report(rows: list, args, elapsed, load0, load1) -> int:
+    from mcp_server.loop.config import NoiseConfig
+    from mcp_server.loop.verdict import mde
 
     base = [r["val_bpb"] for r in rows if r["tag"] == "baseline"]
     var = [r["val_bpb"] for r in rows if r["tag"] == "variant"]
@@ -133,9 +143,11 @@ def main(argv=None) -> int:
     noise = NoiseConfig(k_sigma=args.k)
     se = statistics.fmean(r["val_se"] for r in rows)
     steps = [r["steps"] for r in rows if r["tag"] == "baseline"]
-    per_exp = elapsed / len(rows)
-    print(f"\nclock {rows[0]['clock']}, {len(rows)} runs in {elapsed / 60:.1f} min ({per_exp:.0f} s per run incl. "
-          f"evaluation), load {load0[0]:.2f} -> {load1[0]:.2f}")
+    if elapsed is None:   # from a log: the runs' own wall times
+        elapsed = sum(r["train_wall"] + r["eval_seconds"] for r in rows)
+    loads = f", load {load0[0]:.2f} -> {load1[0]:.2f}" if load0 else ""
+    print(f"\nclock {rows[0]['clock']}, {len(rows)} runs in {elapsed / 60:.1f} min "
+          f"({elapsed / len(rows):.0f} s per run incl. evaluation){loads}")
     print(f"baseline val_bpb  {statistics.fmean(base):.4f} (seeds: {', '.join(f'{x:.4f}' for x in base)}), "
           f"steps {min(steps)}-{max(steps)}")
     print(f"variant  val_bpb  {statistics.fmean(var):.4f} (seeds: {', '.join(f'{x:.4f}' for x in var)})")
