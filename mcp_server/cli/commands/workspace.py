@@ -36,7 +36,7 @@ def init(args) -> int:
     ws = init_workspace(args.dir, tag=args.tag, corpus=args.corpus, time_budget=args.time_budget, force=args.force,
                         wiring=wiring)
     print(f"workspace ready: {ws.root} (campaign '{args.tag}', branch loopwright/{args.tag})")
-    print("wiring: " + ", ".join(f"{c} via the {w}" + (" plugin" if w == "plugin" else "'s own files")
+    print("wiring: " + ", ".join(f"{c} via " + ("the installed plugin" if w == "plugin" else "the workspace's files")
                                  for c, w in (("Claude Code", wiring["claude"]), ("Codex", wiring["codex"])))
           + " (change with `loopwright wiring --set plugin|workspace|auto`)")
     print(f"next: `loopwright serve --workspace {ws.root}` for an agent, or "
