@@ -372,3 +372,21 @@ def test_the_verdict_migration_keeps_every_row_index_and_link(tmp_path):
             led.start_experiment(cid, "c", confirm_of=999)
         with pytest.raises(sqlite3.IntegrityError):          # and the CHECK still refuses other verdicts
             led.update_experiment(e2, verdict="maybe")
+
+
+@pytest.mark.slow
+def test_the_builtin_agent_stops_when_its_change_waits_for_a_person(tmp_path, small_corpus):
+    """approve-runs with the built-in agent over MCP stdio: baseline, one change held, and the session
+    ends saying why, instead of proposing change after change that nobody has looked at."""
+    from e2e_support import fast_workspace
+    from mcp_server.agents.builtin import run_builtin
+
+    root = fast_workspace(tmp_path, small_corpus, max_experiments=10)
+    set_setting(root, "campaign.autonomy", "approve-runs")
+    res = run_builtin(root, n=5, mechanisms=False, seed=0)
+    assert res.stopped_because == "the change waits for a person's approval before it runs"
+    assert [a.status for a in res.attempts] == ["pending_approval"]
+    with Engine(root) as eng:
+        [a] = eng.ledger.approvals()
+        assert a["kind"] == "run" and a["status"] == "pending"
+        assert eng.ledger.count_experiments(eng.campaign["id"], "is_baseline=0") == 0

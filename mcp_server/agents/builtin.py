@@ -515,6 +515,9 @@ class BuiltinAgent:
                     return self._stop("no untried change of the tunable constants is left")
                 await self._experiment(edit, done + 1)
                 errors = 0
+                last = self.attempts[-1] if self.attempts else None
+                if last is not None and last.status == "pending_approval":   # autonomy approve-runs
+                    return self._stop("the change waits for a person's approval before it runs")
             except ToolFailed as e:
                 # like an agent reading a tool error: act on it, and give up only if errors persist
                 await self._restore()
@@ -591,7 +594,8 @@ class BuiltinAgent:
         verdict = None
         if res["status"] == "ok":
             verdict = await self._settle(eid, confirm=False)
-        self.planner.record(edit, "crash" if res["status"] != "ok" else verdict or "discard")
+        if res["status"] != "pending_approval":   # held for a person (approve-runs): nothing was learned
+            self.planner.record(edit, "crash" if res["status"] != "ok" else verdict or "discard")
         seconds = time.monotonic() - t0
         self.durations.append(seconds)
         att = Attempt(number, eid, edit.description, res["status"], verdict or "discard", res.get("val_bpb"),
