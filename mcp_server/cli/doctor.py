@@ -141,6 +141,50 @@ def _sandbox_checks() -> list[Check]:
     return [Check(ok, line, "" if ok else sandbox.INSTALL_HINT)]
 
 
+def _unattended_checks(root: Optional[Path]) -> list[Check]:
+    """Connectors and schedules: configured ones must have their secrets in the environment (cron and the
+    webhook server inherit it), and each schedule says when it fires next."""
+    if root is None:
+        return []
+    from mcp_server.loop.workspace import Workspace
+    from mcp_server.notify.outbox import build_sinks
+
+    out: list[Check] = []
+    try:
+        ws = Workspace.open(root)
+        cfg = ws.cfg
+    except Exception:  # noqa: BLE001 - reported by the workspace checks
+        return out
+    with ws.ledger() as ledger:
+        sinks, notes = build_sinks(cfg, ledger)
+        pending = sum(1 for d in ledger.deliveries() if d["status"] == "pending")
+        failed = [d for d in ledger.deliveries() if d["status"] == "failed"]
+    for sink in sinks:
+        out.append(Check(True, f"{sink.name}: configured, credentials in the environment"))
+    for note in notes:
+        out.append(Check(False, note, "export the variable where loopwright runs (shell profile, crontab, "
+                                      "systemd Environment=), then `loopwright notify`"))
+    if sinks or notes:
+        out.append(Check(not failed, f"outbox: {pending} pending, {len(failed)} given up"
+                         + (f" (last error: {failed[-1]['last_error']})" if failed else ""),
+                         "fix the error, then `loopwright notify` (given-up rows are listed there)"))
+    for sched in cfg.schedule:
+        try:
+            from datetime import datetime
+            from zoneinfo import ZoneInfo
+
+            from croniter import croniter
+
+            nxt = croniter(sched.cron, datetime.now(ZoneInfo(sched.timezone))).get_next(datetime)
+            out.append(Check(True, f"schedule '{sched.cron}' ({sched.timezone}): {sched.agent} session, next at "
+                                   f"{nxt:%Y-%m-%d %H:%M %Z}",
+                             hint="runs only while `loopwright cron` runs (`loopwright cron --install` prints a "
+                                  "crontab line and a systemd timer)"))
+        except Exception as e:  # noqa: BLE001
+            out.append(Check(False, f"schedule '{sched.cron}': {e}", "`loopwright config edit` to fix it"))
+    return out
+
+
 def _state_dir(root: Optional[Path]) -> Optional[Path]:
     if root is None:
         return None
@@ -155,6 +199,7 @@ def _state_dir(root: Optional[Path]) -> Optional[Path]:
 def run_doctor(workspace: Optional[str], skip_server: bool = False) -> int:
     checks, root = _workspace_checks(workspace)
     checks += _hook_checks(root, _state_dir(root))
+    checks += _unattended_checks(root)
     checks += _sandbox_checks()
     if not skip_server:
         checks += _server_check(root)
