@@ -390,3 +390,20 @@ def test_the_builtin_agent_stops_when_its_change_waits_for_a_person(tmp_path, sm
         [a] = eng.ledger.approvals()
         assert a["kind"] == "run" and a["status"] == "pending"
         assert eng.ledger.count_experiments(eng.campaign["id"], "is_baseline=0") == 0
+
+
+def test_a_deferred_approval_is_applied_by_the_next_run(ws):
+    """Approved while the loop was busy (recorded only): the agent's next run_experiment applies it first,
+    under the loop's lock, and the agent's edit is then built on the new best."""
+    exp, _, best_before = held_keep(ws, lr="0.005")
+    approvals.decide(ws.root, 1, True, "ana", "cli")          # `loopwright approve 1 --no-apply`
+    set_constant(ws.root / "train.py", "DEPTH", "3")           # the agent's next idea
+    with Engine(ws.root) as eng:
+        c = eng.campaign
+        assert c["best_commit"] == best_before
+        with eng._exclusive():                                 # what run_experiment does before anything runs
+            assert approvals.before_run(eng, c, None) is None  # (closed/approve-keeps: then it runs as usual)
+        assert eng.campaign["best_commit"] == exp["commit_sha"] == gitops.head_sha(ws.root)
+        assert eng.ledger.approval(1)["status"] == "applied"
+    src = (ws.root / "train.py").read_text()
+    assert "LR = 0.005" in src and "DEPTH = 3" in src

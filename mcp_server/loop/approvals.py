@@ -213,11 +213,11 @@ def before_run(eng, c: dict, confirm_of: Optional[int], on_progress=None):
     expire_due(eng)
     if _person_approved(eng):
         return None
-    if gitops.head_sha(ws.root) == c["best_commit"]:
-        for a in led.approvals(c["id"], statuses=("approved",), kind="keep"):
-            if a["base_commit"] == c["best_commit"]:
-                _move_best(eng, c, a)
-                c = led.campaign(c["id"])
+    ready = [a for a in led.approvals(c["id"], statuses=("approved",), kind="keep")
+             if a["base_commit"] == c["best_commit"]]
+    if ready and gitops.head_sha(ws.root) == c["best_commit"]:   # git only when something is to be applied
+        _move_best(eng, c, ready[0])
+        c = led.campaign(c["id"])
     if mode(ws) != "approve-runs" or confirm_of is not None:
         return None
     src, best_src = eng._editable_source(), eng._committed_source(c["best_commit"])
