@@ -160,6 +160,10 @@ def test_the_agent_may_stop_when_enough_keeps_wait(ws):
     assert "you may stop now" in res.next_step
     st = loop_status(ws.root)
     assert st["should_stop"] is True and "wait for a person" in st["reason"] and st["waiting_approvals"] == [1, 2]
+    from mcp_server.loop.status import session_summary
+
+    summary = session_summary(ws.root)                     # a new session is told what waits
+    assert "Waiting for a person (autonomy approve-keeps): #1 pending" in summary and "#2 pending" in summary
     approvals.decide(ws.root, 2, False, "ana", "cli", "no")
     assert loop_status(ws.root)["should_stop"] is False
 
@@ -407,3 +411,16 @@ def test_a_deferred_approval_is_applied_by_the_next_run(ws):
         assert eng.ledger.approval(1)["status"] == "applied"
     src = (ws.root / "train.py").read_text()
     assert "LR = 0.005" in src and "DEPTH = 3" in src
+
+
+def test_a_held_run_renders_its_diff_with_the_buttons():
+    from mcp_server.notify.approval_blocks import parse_value, render_request
+    from mcp_server.notify.slack import _keep
+
+    text, blocks = render_request({"approval_id": 4, "kind": "run", "branch": "loopwright-pending/t/4",
+                                   "diff": "-LR = 0.0002\n+LR = 0.004 <!channel>", "expires_at": 1.8e9}, "t", "u1", _keep)
+    assert text == "Run awaiting approval #4 · t"
+    body = blocks[1]["text"]["text"]
+    assert "+LR = 0.004" in body and "<!channel>" not in body            # agent text cannot mention @channel
+    [actions] = [b for b in blocks if b["type"] == "actions"]
+    assert [parse_value(e["value"]) for e in actions["elements"]] == [("u1", 4), ("u1", 4)]
