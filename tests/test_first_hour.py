@@ -282,3 +282,47 @@ def _descendants(root: int) -> list[str]:
         out += kids
         frontier = kids
     return out
+
+
+# -- item 5: a session whose hooks never fired is noticed -----------------------------------------
+def _stand_in_client(path, runs_hooks: bool):
+    """A stand-in `codex` for the launcher: like a Codex whose hooks are untrusted, it does its work without
+    running them; or, like a trusted one, it runs the guard's SessionStart hook first."""
+    hook = (f"printf '%s' '{{\"hook_event_name\": \"SessionStart\", \"session_id\": \"s-1\", \"cwd\": \"'\"$PWD\"'\"}}' "
+            f"| {sys.executable} -m mcp_server.guard session-start >/dev/null\n") if runs_hooks else ""
+    path.write_text("#!/bin/sh\n" + hook + 'echo \'{"type":"turn.completed","usage":{}}\'\n')
+    path.chmod(0o755)
+    return path
+
+
+@pytest.mark.parametrize("runs_hooks", [False, True])
+def test_launcher_reports_a_session_whose_hooks_never_ran(tmp_path, small_corpus, monkeypatch, capsys, runs_hooks):
+    import json
+
+    from mcp_server.agents import clients
+    from mcp_server.agents.launch import launch_session
+
+    ws = make_workspace(tmp_path / "ws", small_corpus)
+    monkeypatch.setenv("LOOPWRIGHT_CODEX_BIN", str(_stand_in_client(tmp_path / "codex", runs_hooks)))
+    sid = launch_session(ws.root, "codex", max_session_minutes=2)
+    with ws.ledger() as ledger:
+        detail = json.loads(ledger.session(sid)["detail"])
+    err = capsys.readouterr().err
+    if runs_hooks:
+        assert "hooks_never_ran" not in detail and "never ran" not in err
+        assert clients.last_hook_heartbeat(ws.root) is not None
+    else:
+        assert detail["hooks_never_ran"] is True
+        assert "hooks never ran" in err and "/hooks" in err
+
+
+def test_codex_config_write_refuses_to_double_wire_a_plugin_user(tmp_path, small_corpus):
+    ws = make_workspace(tmp_path / "ws", small_corpus)
+    home = tmp_path / "codex-home"
+    home.mkdir()
+    (home / "config.toml").write_text('[plugins."loopwright@loopwright"]\nenabled = true\n')
+    env = {**os.environ, "CODEX_HOME": str(home)}
+    r = subprocess.run([sys.executable, "-m", "mcp_server.cli", "codex-config", "--write", "-w", str(ws.root)],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 2 and "plugin is installed for Codex" in r.stderr
+    assert "mcp_servers" not in (home / "config.toml").read_text()
