@@ -129,3 +129,27 @@ def test_configured_from_env_names(fake, ledger):
     assert "MY_JIRA_TOKEN" in rep.notes[0] and fake.requests == []
     rep = deliver_pending(ledger, cfg, env={"MY_JIRA_TOKEN": TOKEN, "JIRA_EMAIL": EMAIL})
     assert rep.delivered == 1 and len(fake.issues) == 1
+
+
+def test_two_concurrent_passes_post_the_closing_comment_once(fake, ledger):
+    """Issue 15 item 10: the engine's background pass and a `loopwright notify` at the same time."""
+    import threading
+
+    ledger.add_event(ledger.cid, "campaign_start", {"tag": "main"}, sinks=["jira"])
+    ledger.add_event(ledger.cid, "keep", KEEP, sinks=["jira"])
+    ledger.add_event(ledger.cid, "campaign_end", {"best": 0.91, "baseline": 0.93}, sinks=["jira"])
+    fake.inject("POST issue/{key}/comment", *[Fault(stall_s=0.2)] * 4)        # slow, so the passes overlap
+    barrier, reports = threading.Barrier(2), []
+
+    def one_pass():
+        led = Ledger(ledger.path)
+        barrier.wait()
+        reports.append(deliver_pending(led, None, [sink_for(fake, led)]))
+    threads = [threading.Thread(target=one_pass) for _ in range(2)]
+    [t.start() for t in threads]
+    [t.join(60) for t in threads]
+    [(key, _)] = fake.issues.items()
+    comments = fake.comments(key)
+    assert len(comments) == 2 and sum("Campaign ended" in c for c in comments) == 1, comments
+    assert "baseline 0.930000" in comments[-1]
+    assert sum(r.delivered for r in reports) == 3
