@@ -61,10 +61,12 @@ class StateDirError(WorkspaceError):
 def bench_source_dir(name: str = "gpt") -> Path:
     """Where the bundled benchmark files live (source checkout or installed data files)."""
     candidates = [Path(__file__).resolve().parents[2] / "bench" / name]   # a source checkout
-    try:   # an installed wheel: the benchmark is package data of mcp_server._bench
-        from importlib.resources import files
-        candidates.append(Path(str(files("mcp_server._bench"))) / name)
-    except (ImportError, ModuleNotFoundError, TypeError):
+    try:   # an installed wheel: the benchmark is package data of mcp_server._bench, a namespace package
+        import importlib.util   # (no __init__.py), so it may have several locations
+
+        spec = importlib.util.find_spec("mcp_server._bench")
+        candidates += [Path(p) / name for p in (spec.submodule_search_locations or [])] if spec else []
+    except (ImportError, ValueError):
         pass
     for c in candidates:
         if all((c / f).is_file() for f in BENCH_FILES):
