@@ -3,12 +3,15 @@
 The demo is the main job with nothing else installed: it creates a workspace
 (a temporary directory unless one is given), lets the built-in agent run a
 short campaign against the MCP server over stdio, shows it live, and writes the
-report. Its defaults are sized to finish within six minutes on a 2-core CPU:
-30 s of training per experiment (20 s left the model one or two steps past
-start-up on a busy 2-core machine), a small evaluation (8192 tokens), two
-baseline seeds, up to eight experiments, and a wall-clock deadline after which
-no new experiment starts (measured: 5 min 15 s, baseline + 3 experiments,
-with other jobs loading the machine; more experiments fit on an idle one).
+report. Its defaults are sized to finish within six minutes on a quiet 2-core
+CPU: 30 s of training per run on the benchmark's budget clock (`auto` = the
+CPU clock here, so other jobs slow a run down but do not change how much it
+trains), a small evaluation (8192 tokens), a seed set of two seeds, up to
+eight experiments, and a wall-clock deadline after which no new experiment
+starts. Power comes from paired verdicts: each candidate runs on the same two
+seeds as the best version (one run when its first pair is clearly worse), and
+the built-in agent tries expert-first changes before its hill climb. Check the
+keeps afterwards with `loopwright replay --workspace DIR --seeds 3`.
 """
 from __future__ import annotations
 
