@@ -201,22 +201,26 @@ def test_missing_token_keeps_events_pending(fake, ledger):
     assert rep.delivered == 1 and len(fake.messages) == 1
 
 
-def test_notify_workspace_with_the_reports_plot(fake, tmp_path, monkeypatch):
-    """`loopwright notify` end to end: config and token from the workspace and the environment; the
-    plot defaults to .loopwright/reports/progress.png when the payload names none."""
+def test_notify_workspace_with_the_reports_plot(fake, tmp_path, monkeypatch, small_corpus):
+    """`loopwright notify` end to end: settings from the state dir, the token from the environment; the
+    plot defaults to the workspace's .loopwright/reports/progress.png when the payload names none."""
+    from conftest import make_workspace
+    from mcp_server.loop import settings as setmod
     from mcp_server.notify.outbox import notify_workspace
 
-    ws = tmp_path / "ws"
-    (ws / ".git").mkdir(parents=True)
-    (ws / "loopwright.toml").write_text(f'[slack]\nchannel = "C0RESEARCH"\nbase_url = "{fake.api_url}"\n')
-    (ws / ".loopwright" / "reports").mkdir(parents=True)
-    (ws / ".loopwright" / "reports" / "progress.png").write_bytes(b"report plot")
-    with Ledger(ws / ".loopwright" / "state.db") as led:
-        led.add_event(led.create_campaign("main", "loopwright/main", "abc"), "keep", KEEP, sinks=["slack"])
+    ws = make_workspace(tmp_path / "ws", small_corpus)
+    s = setmod.load(ws.settings_path)
+    for key, value in (("slack.channel", "C0RESEARCH"), ("slack.base_url", fake.api_url)):
+        s = setmod.set_value(s, key, value)
+    setmod.save(ws.settings_path, s)
+    ws.reports_dir.mkdir(parents=True, exist_ok=True)
+    (ws.reports_dir / "progress.png").write_bytes(b"report plot")
+    with ws.ledger() as led:
+        led.add_event(led.campaign()["id"], "keep", KEEP, sinks=["slack"])
     monkeypatch.setenv("SLACK_BOT_TOKEN", TOKEN)
-    rep = notify_workspace(ws)
-    assert rep.delivered == 1, rep
-    assert len(fake.messages) == 1 and [f["data"] for f in fake.shared_files()] == [b"report plot"]
+    rep = notify_workspace(ws.root)
+    assert rep.delivered == 2, rep                            # campaign_start (from init) and the keep
+    assert len(fake.messages) == 2 and [f["data"] for f in fake.shared_files()] == [b"report plot"]
 
 
 def test_plot_upload_without_files_write_still_delivers_the_message(fake, ledger, tmp_path):

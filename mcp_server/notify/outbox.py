@@ -78,7 +78,8 @@ def backoff_delay(attempts: int, rng: random.Random | None = None,
     return d / 2 + (rng or random).uniform(0, d / 2)
 
 
-def build_sinks(cfg, ledger, env: Mapping[str, str] | None = None) -> tuple[list, list[str]]:
+def build_sinks(cfg, ledger, env: Mapping[str, str] | None = None,
+                reports_dir=None) -> tuple[list, list[str]]:
     """The sinks `cfg` configures whose secrets are present, and a note for each that is not.
     A sink left out keeps its rows pending: nothing is lost while a token is missing."""
     from mcp_server.notify import jira as jira_mod
@@ -91,6 +92,8 @@ def build_sinks(cfg, ledger, env: Mapping[str, str] | None = None) -> tuple[list
             continue
         sink, note = make(section, ledger, env)
         if sink is not None:
+            if reports_dir is not None:
+                sink.reports_dir = reports_dir   # where the report's plot is (the workspace's .loopwright/reports)
             sinks.append(sink)
         if note:
             notes.append(note)
@@ -99,13 +102,13 @@ def build_sinks(cfg, ledger, env: Mapping[str, str] | None = None) -> tuple[list
 
 def deliver_pending(ledger, cfg, sinks: Optional[list] = None, now: Optional[float] = None, *,
                     max_attempts: int = MAX_ATTEMPTS, rng: random.Random | None = None,
-                    env: Mapping[str, str] | None = None) -> DeliveryReport:
+                    env: Mapping[str, str] | None = None, reports_dir=None) -> DeliveryReport:
     """One delivery pass over every sink's due rows. Never raises: every failure ends up in a
     delivery row (or, if the ledger itself fails, in the report's notes)."""
     report = DeliveryReport()
     try:
         if sinks is None:
-            sinks, report.notes = build_sinks(cfg, ledger, env)
+            sinks, report.notes = build_sinks(cfg, ledger, env, reports_dir)
         for sink in sinks:
             report.sinks[sink.name] = rep = SinkReport()
             try:
@@ -173,7 +176,7 @@ def notify_workspace(root=None) -> DeliveryReport:
 
     ws = Workspace.find(root)
     with ws.ledger() as ledger:
-        return deliver_pending(ledger, ws.cfg)
+        return deliver_pending(ledger, ws.cfg, reports_dir=ws.reports_dir)
 
 
 def deliver_in_background(root) -> Optional[threading.Thread]:

@@ -234,8 +234,9 @@ class SlackSink:
         return f"slack.channel_id.{self.cfg.channel}"
 
     def _upload_plot(self, event: Event, ref: str) -> str:
-        # the payload names the plot; else the report's plot next to the ledger (.loopwright/reports)
-        path = event.payload.get("plot_path") or str(Path(self.ledger.path).parent / "reports" / "progress.png")
+        # the payload names the plot; else the workspace report's plot (reports_dir, set by notify_workspace)
+        reports = getattr(self, "reports_dir", None) or Path(self.ledger.path).parent / "reports"
+        path = event.payload.get("plot_path") or str(Path(reports) / "progress.png")
         if (event.kind != "keep" or not self.cfg.upload_plot or ":file:" in ref or ":plot-failed" in ref
                 or not os.path.isfile(path)):
             return ref
