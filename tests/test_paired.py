@@ -6,6 +6,7 @@ effect is large (as measured on the bundled benchmark) and cancels in the paired
 from __future__ import annotations
 
 import random
+import re
 import statistics
 
 import pytest
@@ -135,3 +136,67 @@ def test_campaign_runs_candidates_on_the_references_seeds(tmp_path, small_corpus
         # the budget and the noise view speak in effect sizes
         b, nz = eng.budget(), eng.noise(eng.campaign)
         assert b.mde and b.mde == pytest.approx(nz.mde, abs=1e-6) and nz.paired_dof >= 1
+
+
+def _formula_runs(monkeypatch, objective):
+    """train.py and the evaluator replaced by objective(constants, seed); engine, ledger and git are real."""
+    from mcp_server.loop import runner
+    from mcp_server.mechanisms.source import constant_values
+
+    def train(ws, run_dir, seed, on_progress=None, **kw):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        model = run_dir / "model.pt2"
+        model.write_text(str(objective(constant_values((ws.root / "train.py").read_text()), seed)))
+        return runner.TrainResult("ok", 0, "", 0.1, {"num_steps": 5.0, "training_seconds": 0.1}, "", model)
+
+    def evaluate(ws, pinned, run_dir, model_path, **kw):
+        val = float(model_path.read_text())
+        return runner.EvalResult(True, "", val, val + 0.01, 0.01, {}, 0.01)
+
+    monkeypatch.setattr(runner, "run_training", train)
+    monkeypatch.setattr(runner, "run_evaluation", evaluate)
+
+
+def test_replay_checks_each_keep_on_fresh_interleaved_seeds(tmp_path, small_corpus, monkeypatch):
+    import math
+
+    from mcp_server.loop.engine import Engine
+    from mcp_server.loop.replay import latest, replay
+    from mcp_server.report.writer import write_report
+
+    # a big seed effect; LR 0.016 is truly better by 0.05 on every seed; WARMUP 20 is better only on
+    # the campaign's own seeds (1001, 1002): a keep that should not hold on fresh seeds
+    def objective(v, seed):
+        val = 3.0 + random.Random(seed).gauss(0, 0.2) + 0.05 * abs(math.log2(v["LR"] / 0.016))
+        return val - (0.05 if v["WARMUP_STEPS"] == 20 and seed in (1001, 1002) else 0.0)
+
+    _formula_runs(monkeypatch, objective)
+    ws = make_workspace(tmp_path / "ws", small_corpus, noise={"baseline_seeds": 2, "rotate_every": 0})
+    train = ws.root / "train.py"
+    with Engine(ws.root) as eng:
+        eng.run_experiment("baseline")
+        lr0 = float(re.search(r"^LR = ([0-9.e-]+)", train.read_text(), re.M).group(1))
+        set_constant(train, "LR", repr(lr0 * 2))
+        # the real gain, whatever the bundled LR is, as long as 2x moves it towards 0.016
+        expect_lr_keep = abs(math.log2(lr0 * 2 / 0.016)) < abs(math.log2(lr0 / 0.016)) - 0.6
+        v = eng.score(eng.run_experiment("LR x2").experiment_id).verdict
+        assert v == ("keep" if expect_lr_keep else "discard")
+        set_constant(train, "WARMUP_STEPS", "20")
+        r = eng.run_experiment("WARMUP_STEPS 20")
+        assert eng.score(r.experiment_id).verdict == "keep"
+        used_before = eng.budget().experiments_used
+        res = replay(eng, seeds=3)
+        keeps = {k.description: k for k in res.keeps}
+        assert res.runs == 2 * 3 * len(res.keeps) and not res.all_hold
+        warm = keeps["WARMUP_STEPS 20"]
+        assert warm.outcome == "does not hold" and warm.gain == pytest.approx(0.0, abs=1e-9)
+        assert all(p.seed not in (1001, 1002) for p in warm.pairs)   # fresh seeds only
+        if expect_lr_keep:   # a real effect holds on every fresh seed
+            assert keeps["LR x2"].outcome == "holds" and keeps["LR x2"].wins == 3 and keeps["LR x2"].gain > 0.02
+        # replay runs are recorded, interleaved parent/child, and are not campaign runs
+        rows = eng.ledger.replay_runs(eng.campaign["id"])
+        assert [r["side"] for r in rows[:4]] == ["parent", "child", "parent", "child"]
+        assert eng.budget().experiments_used == used_before
+        assert latest(eng.ledger, eng.campaign["id"]).keeps[-1].outcome == "does not hold"
+    md = write_report(ws.root).markdown.read_text()
+    assert "## Replay 1" in md and "does not hold" in md and "Not every keep holds" in md
