@@ -274,3 +274,38 @@ def test_claude_code_sandbox_keeps_a_hook_allowed_bash_write_out_of_the_state_di
 
     subprocess.run(["sh", "-c", attack], check=True, timeout=60)
     assert (state / "planted").exists()
+
+
+@pytest.mark.timeout(300)
+def test_reviewer_subagent_can_call_the_loopwright_tools_it_is_told_to_use(tmp_path, small_corpus):
+    """Issue 15 item 6: the plugin's reviewer agent calls state_read as its instructions say (before, its
+    `tools:` granted no MCP tool and the call failed with "No such tool available")."""
+    import tempfile
+
+    h.require_binary("claude")
+    root = fast_workspace(tmp_path, small_corpus)
+    seed_baseline(root)
+    seen: dict = {}
+    reviewer = "reviewer of a loopwright"
+
+    def first(req):
+        if reviewer in req.system_text:
+            seen["tools"] = [t.get("name") for t in req.body.get("tools", [])]
+            return ToolUse(PLUGIN_TOOL + "state_read", {"view": "noise"})
+        return ToolUse("Agent", {"description": "review", "prompt": "Review the last change.",
+                                 "subagent_type": "loopwright:reviewer"})
+
+    def second(req):
+        if reviewer in req.system_text:
+            seen["result"] = req.last_tool_results()[0]
+            return "REVIEW: ok"
+        return "done"
+
+    run = h.run_claude(root, [first, second, "done"], plugin_dir=REPO, timeout=240,
+                       run_dir=tempfile.mkdtemp(prefix="lw-", dir="/tmp"),
+                       extra_env={"LOOPWRIGHT_PYTHON": sys.executable, "MCP_CONNECT_TIMEOUT_MS": "60000"})
+    run.check(allow_exhausted=True)
+    assert PLUGIN_TOOL + "state_read" in seen["tools"] and PLUGIN_TOOL + "budget_check" in seen["tools"]
+    assert not {PLUGIN_TOOL + t for t in ("run_experiment", "score", "revert")} & set(seen["tools"])
+    assert not seen["result"].is_error, seen["result"].text
+    assert "sigma" in seen["result"].text
