@@ -22,6 +22,8 @@ class ExperimentRow(BaseModel):
     reason: Optional[str] = None
     lines_added: Optional[int] = None
     lines_removed: Optional[int] = None
+    role: Optional[str] = Field(None, description="baseline | candidate | pair | confirm | reference")
+    paired_with: Optional[int] = Field(None, description="the reference run on the same seed")
 
     @classmethod
     def from_row(cls, r: dict) -> "ExperimentRow":
@@ -29,7 +31,7 @@ class ExperimentRow(BaseModel):
                    verdict=r["verdict"], val_bpb=r["val_bpb"], commit=(r["commit_sha"] or "")[:10] or None,
                    seed=r["seed"], confirm_of=r["confirm_of"], is_baseline=bool(r["is_baseline"]),
                    reason=r["reason"] or r["verdict_reason"], lines_added=r["lines_added"],
-                   lines_removed=r["lines_removed"])
+                   lines_removed=r["lines_removed"], role=r.get("role"), paired_with=r.get("paired_with"))
 
 
 class BaselineInfo(BaseModel):
