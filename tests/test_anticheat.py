@@ -100,13 +100,25 @@ def test_tampering_and_then_crashing_is_still_caught(ws):
 
 
 def test_rewriting_the_ledger_during_the_run_is_caught(ws):
+    """The ledger lives in the state directory, outside the workspace; train.py (sandboxed) cannot
+    reach it. Whatever it manages, the recorded rows keep their values."""
     eng = _engine_with_baseline(ws)
+    before = {r["id"]: r["val_bpb"] for r in eng.ledger.experiments(eng.campaign["id"])}
     res = _run(eng, "import sqlite3\n"
-                    "db = sqlite3.connect('.loopwright/state.db')\n"
-                    "db.execute('UPDATE experiments SET val_bpb = 99 WHERE is_baseline = 1')\n"
-                    "db.commit()\n")
-    assert res.status == "rejected" and "ledger" in res.reason
-    assert any(e["payload"]["files"] == ["state.db"] for e in eng.ledger.events(kind="tamper"))
+                    "for p in ('.loopwright/state.db', os.path.join(os.environ['LOOPWRIGHT_RUN_DIR'], '..', '..', "
+                    "'state.db')):\n"
+                    "    try:\n"
+                    "        db = sqlite3.connect(p)\n"
+                    "        db.execute('UPDATE experiments SET val_bpb = 99 WHERE is_baseline = 1')\n"
+                    "        db.commit()\n"
+                    "        print('WROTE', p)\n"
+                    "    except Exception as e:\n"
+                    "        print('REFUSED', p, e)\n")
+    after = {r["id"]: r["val_bpb"] for r in eng.ledger.experiments(eng.campaign["id"])}
+    assert {i: after[i] for i in before} == before
+    if res.status == "rejected":       # reached it (no sandbox): caught by the ledger digest
+        assert "ledger" in res.reason
+        assert any(e["payload"]["files"] == ["state.db"] for e in eng.ledger.events(kind="tamper"))
 
 
 def test_monkeypatching_prepare_does_not_reach_the_evaluator(ws):

@@ -552,27 +552,41 @@ for name, body in (("zz_loopwright_attack.pth", "import os; os.environ.get('LW_A
         print("REFUSED", name, e)
 ''', "site-packages")
         assert "WROTE" not in train_log(eng, res)
+        assert not any(p.exists() for p in planted), "train.py wrote into site-packages"
     finally:
         for p in planted:
             p.unlink(missing_ok=True)
 
 
 @needs_sandbox(run=False)
-def test_train_py_plants_a_fifo_in_the_eval_dir(eng, guarded):
-    res, _ = attack_run(eng, '''
+@pytest.mark.parametrize("where", ["run_dir", "export"])
+def test_train_py_plants_a_fifo_where_the_loop_reads(eng, guarded, where):
+    """FIFOs where the evaluator's inputs were (run_dir/eval/...), or the exported model itself swapped
+    for a FIFO after export: the run must neither hang nor be scored from anything but a real model."""
+    res, _ = attack_run(eng, f'''
+import atexit
 run_dir = os.environ.get("LOOPWRIGHT_RUN_DIR", "")
-for rel in ("eval", "eval/prepare.py", "eval.json"):
+for rel in ("eval", "eval/prepare.py", "eval.json", "eval.log"):
     p = os.path.join(run_dir, rel)
     try:
-        if rel == "eval":
-            os.makedirs(p, exist_ok=True)
-        else:
-            os.mkfifo(p)
+        os.makedirs(p, exist_ok=True) if rel == "eval" else os.mkfifo(p)
         print("PLANTED", p)
     except OSError as e:
         print("REFUSED", p, e)
-''', "fifo")
-    assert "PLANTED" not in train_log(eng, res) or res.status in ("ok", "rejected")
+def swap():
+    p = os.environ.get("LOOPWRIGHT_EXPORT_PATH") or "model.pt2"
+    try:
+        os.remove(p); os.mkfifo(p); print("SWAPPED", p, flush=True)
+    except OSError as e:
+        print("REFUSED", p, e, flush=True)
+if {where!r} == "export":
+    atexit.register(swap)
+''', f"fifo {where}")
+    if where == "run_dir":
+        assert res.status == "ok" and res.val_bpb is not None      # the evaluator ran, unimpeded
+    else:
+        assert "SWAPPED" in train_log(eng, res), train_log(eng, res)[-2000:]
+        assert res.status != "ok" and res.val_bpb is None, "a FIFO was scored as a model"
 
 
 @needs_sandbox()
