@@ -5,8 +5,8 @@ import time
 import pytest
 
 from mcp_server.loop import budget, verdict
-from mcp_server.loop.config import (BudgetConfig, ConfigError, LoopwrightConfig, NoiseConfig, dump_config,
-                               parse_config)
+from mcp_server.loop.config import (FROZEN_SECTIONS, OPERATIONAL_SECTIONS, BudgetConfig, ConfigError,
+                                    LoopwrightConfig, NoiseConfig, dump_config, parse_config)
 from mcp_server.ledger.store import Ledger, LedgerError, MIGRATIONS
 from mcp_server.report.tsv import COLUMNS, export_tsv
 
@@ -15,9 +15,11 @@ from mcp_server.report.tsv import COLUMNS, export_tsv
 
 def test_config_round_trip_and_frozen_hash_ignores_operational_sections():
     cfg = LoopwrightConfig()
-    again = parse_config(dump_config(cfg))
-    assert again == cfg
-    changed_budget = parse_config(dump_config(cfg).replace("max_experiments = 50", "max_experiments = 7"))
+    assert "[budget]" not in dump_config(cfg)       # loopwright.toml holds the frozen sections only
+    every = FROZEN_SECTIONS + OPERATIONAL_SECTIONS
+    again = parse_config(dump_config(cfg, every))
+    assert again == cfg and "schedule = []" not in dump_config(cfg, every)
+    changed_budget = parse_config(dump_config(cfg, every).replace("max_experiments = 50", "max_experiments = 7"))
     assert changed_budget.budget.max_experiments == 7
     assert changed_budget.frozen_hash() == cfg.frozen_hash()
     changed_bench = parse_config(dump_config(cfg).replace("time_budget = 30.0", "time_budget = 31.0"))
