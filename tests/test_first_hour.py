@@ -326,3 +326,27 @@ def test_codex_config_write_refuses_to_double_wire_a_plugin_user(tmp_path, small
                        capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 2 and "plugin is installed for Codex" in r.stderr
     assert "mcp_servers" not in (home / "config.toml").read_text()
+
+
+# -- items 4-5 and issue 10 item 5 through the CLI: doctor is green for one wiring, red for two ------
+def test_doctor_green_for_one_wiring_and_red_for_a_double(tmp_path, small_corpus):
+    import json
+
+    ws = make_workspace(tmp_path / "ws", small_corpus)          # wired by its own files (no plugin)
+    env = {**os.environ, "CLAUDE_CONFIG_DIR": str(tmp_path / "cc"), "CODEX_HOME": str(tmp_path / "cx")}
+    doctor = [sys.executable, "-m", "mcp_server.cli", "doctor", "--skip-server", "-w", str(ws.root)]
+    r = subprocess.run(doctor, capture_output=True, text=True, env=env, timeout=300)
+    assert "✔ Claude Code: wired by the workspace's own files" in r.stdout
+    assert "✔ Claude Code sandbox on" in r.stdout and "✔ Codex sandbox_mode = 'workspace-write'" in r.stdout
+    assert "wired twice" not in r.stdout
+    # the README's old double wiring: the plugin installed on top of the workspace's files
+    (tmp_path / "cc" / "plugins").mkdir(parents=True)
+    (tmp_path / "cc" / "plugins" / "installed_plugins.json").write_text(json.dumps(
+        {"version": 2, "plugins": {"loopwright@loopwright": [{"scope": "user"}]}}))
+    r = subprocess.run(doctor, capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 1 and "✘ Claude Code: wired twice" in r.stdout and "wiring --set plugin" in r.stdout
+    fixed = subprocess.run([sys.executable, "-m", "mcp_server.cli", "wiring", "--set", "auto", "-w", str(ws.root)],
+                           capture_output=True, text=True, env=env, timeout=120)
+    assert "claude: plugin" in fixed.stdout and not (ws.root / ".mcp.json").exists()
+    r = subprocess.run(doctor, capture_output=True, text=True, env=env, timeout=300)
+    assert "✔ Claude Code: loopwright plugin installed" in r.stdout and "wired twice" not in r.stdout
