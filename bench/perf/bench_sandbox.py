@@ -13,6 +13,12 @@ Figure of merit: tokens/s of training = total_tokens / training_seconds, as trai
 (the training loop only, so the sandbox's start-up is measured separately: the runner's wall time
 minus train.py's own total_seconds, per run). The summary gives the median and the spread (min..max)
 per arm, the median of the paired ratios on/off, and the load average before and after.
+
+On a machine shared with other jobs the wall-clock figures move by tens of percent from run to
+run, whatever the arm. So a second, load-robust measurement follows (skip with --no-probe): a
+compute probe (1-thread 256x256 fp32 matmuls for 3 s, the kind of work train.py does) started bare
+and in the same sandbox, interleaved, reporting matmuls per CPU-second of the probe process (what
+the sandbox could slow down: the work per unit of CPU it gets) and per wall second.
 """
 import argparse
 import json
@@ -67,12 +73,49 @@ def one_run(ws, run_dir: Path, sandboxed: bool, seed: int) -> dict:
             "wall_s": tr.wall_seconds}
 
 
+PROBE = """
+import time, torch
+torch.set_num_threads(1)
+a, b = torch.randn(256, 256), torch.randn(256, 256)
+t0, c0, n = time.perf_counter(), time.process_time(), 0
+while time.perf_counter() - t0 < 3:
+    a @ b
+    n += 1
+print(n / (time.perf_counter() - t0), n / (time.process_time() - c0))
+"""
+
+
+def compute_probe(rounds: int) -> dict:
+    """Matmuls per wall second and per CPU second, bare and sandboxed, interleaved."""
+    import subprocess
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+        f.write(PROBE)
+    bare = [sys.executable, f.name]
+    boxed = sandbox.build_command(bare, ro_binds=[f.name], env={"HOME": os.path.expanduser("~")})
+    out: dict = {"bare": [], "sandboxed": []}
+    try:
+        for i in range(rounds):
+            arms = (("bare", bare), ("sandboxed", boxed))
+            for name, cmd in arms if i % 2 == 0 else arms[::-1]:
+                wall, cpu = map(float, subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.split())
+                out[name].append({"per_wall_s": wall, "per_cpu_s": cpu})
+    finally:
+        os.unlink(f.name)
+    med = {arm: {k: statistics.median(r[k] for r in rows) for k in ("per_wall_s", "per_cpu_s")}
+           for arm, rows in out.items()}
+    return {"rounds": rounds, "median": med,
+            "ratio_per_cpu_s": med["sandboxed"]["per_cpu_s"] / med["bare"]["per_cpu_s"],
+            "ratio_per_wall_s": med["sandboxed"]["per_wall_s"] / med["bare"]["per_wall_s"]}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--pairs", type=int, default=6)
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--threads", type=int, default=1, help="torch threads of train.py (0 = its default)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--no-probe", action="store_true", help="skip the compute probe")
+    ap.add_argument("--probe-rounds", type=int, default=8)
     args = ap.parse_args()
     info = sandbox.detect()
     if info.kind != "bwrap":
@@ -120,6 +163,9 @@ def main() -> int:
               "ratio_sandboxed_over_bare": stats(ratios), "slowdown_percent_median": (1 - statistics.median(ratios)) * 100,
               "extra_startup_s": stats(overhead), "loadavg_before": load_before, "loadavg_after": load_after,
               "cpus": os.cpu_count()}
+    if not args.no_probe:
+        result["compute_probe"] = compute_probe(args.probe_rounds)
+        result["loadavg_after_probe"] = os.getloadavg()
     print(json.dumps(result, indent=2))
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
