@@ -25,13 +25,15 @@ except ModuleNotFoundError:  # Python 3.10
 
 from e2e_support import REPO, fast_workspace, h, seed_baseline, use_environment
 from e2e_support import experiments as _experiments
-from mcp_server.agents import launch
-from mcp_server.loop.config import ScheduleConfig
-from mcp_server.agents.launch import LaunchError, launch_session
-from mcp_server.triggers.cron import Scheduler, default_starter
-from mcp_server.loop.workspace import Workspace
 from realclients.fake_anthropic import FakeAnthropic, ToolUse
-from realclients.fake_openai import ApplyPatch, FakeOpenAI, McpCall
+from realclients.fake_openai import FakeOpenAI, McpCall
+
+from mcp_server.agents import launch
+from mcp_server.agents.launch import LaunchError, launch_session
+from mcp_server.common.facts import HOOK_MATCHER
+from mcp_server.loop.config import ScheduleConfig
+from mcp_server.loop.workspace import Workspace
+from mcp_server.triggers.cron import Scheduler, default_starter
 
 OLD_LR, NEW_LR = "LR = 0.0002", "LR = 0.004"
 SECRET = "lw-secret-3f9c1d7e2b"
@@ -75,7 +77,7 @@ def _live_processes_with(**wanted: str) -> list[int]:
 
 def test_hook_matcher_is_the_plugins():
     hooks = json.loads((REPO / "hooks" / "hooks.json").read_text())["hooks"]
-    assert hooks["PreToolUse"][0]["matcher"] == launch.HOOK_MATCHER
+    assert hooks["PreToolUse"][0]["matcher"] == HOOK_MATCHER
 
 
 def test_codex_overrides_parse_as_toml_and_wire_server_and_hooks(tmp_path):
@@ -89,7 +91,7 @@ def test_codex_overrides_parse_as_toml_and_wire_server_and_hooks(tmp_path):
     assert parsed["mcp_servers.loopwright.tool_timeout_sec"] == 900
     assert parsed["mcp_servers.loopwright.default_tools_approval_mode"] == "approve"
     pre = parsed["hooks.PreToolUse"][0]
-    assert pre["matcher"] == launch.HOOK_MATCHER
+    assert pre["matcher"] == HOOK_MATCHER
     assert pre["hooks"][0]["command"] == "'/opt/py 3/bin/python' -m mcp_server.guard pre-tool-use"
     assert parsed["hooks.Stop"][0]["hooks"][0]["command"].endswith("mcp_server.guard stop")
 

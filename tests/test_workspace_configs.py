@@ -1,9 +1,11 @@
 """The client configs a workspace carries must guard the same tools as the plugin's hooks.json."""
 import json
-import tomllib
 from pathlib import Path
 
-from mcp_server.loop.workspace import HOOK_MATCHER, client_configs
+import tomllib
+
+from mcp_server.common.facts import HOOK_MATCHER
+from mcp_server.loop.workspace import client_configs
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -175,7 +175,7 @@ def codex_config_toml(python: str, root: Path, wiring: str, with_sandbox: bool =
              + (", the MCP server and the guard hooks" if wiring == "workspace" else
                 " (the MCP server and hooks come from the installed loopwright plugin)")]
     if with_sandbox:
-        lines += [f'sandbox_mode = "workspace-write"', "[sandbox_workspace_write]", "network_access = false", ""]
+        lines += ['sandbox_mode = "workspace-write"', "[sandbox_workspace_write]", "network_access = false", ""]
     if wiring == "workspace":
         pairs = _codex_server_and_hooks(python, root)
         lines.append(f"[mcp_servers.{MCP_SERVER}]")
@@ -300,8 +300,8 @@ def check_wiring(root: Path, state_dir: Optional[Path], env: Optional[Mapping[st
                 "[mcp_servers.loopwright] and [hooks] in .codex/config.toml"
             out.append(Finding(False, f"{name}: wired twice: the plugin {plugin} and the workspace's {files} "
                                       "(every hook would run twice)",
-                               f"`loopwright wiring --set plugin` (removes the workspace's copies), or uninstall "
-                               f"the plugin and keep the workspace wiring"))
+                               "`loopwright wiring --set plugin` (removes the workspace's copies), or uninstall "
+                               "the plugin and keep the workspace wiring"))
         elif client == "codex" and plugin and user_codex:
             out.append(Finding(False, f"Codex: wired twice: the plugin {plugin} and loopwright's block in {user_codex}",
                                f"remove the loopwright block from {user_codex} (the plugin is enough); do not run "

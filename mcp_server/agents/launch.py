@@ -63,7 +63,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from mcp_server.common.facts import HOOK_MATCHER, MCP_SERVER, MCP_TOOLS
+from mcp_server.common.facts import MCP_SERVER, MCP_TOOLS
 from mcp_server.common.procs import kill_group
 
 AGENTS = ("claude", "codex", "builtin")

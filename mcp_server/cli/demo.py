@@ -204,10 +204,10 @@ def demo_overrides(n: int) -> dict:
 def run_demo(directory: Optional[Path | str] = None, time_budget: float = DEMO_TIME_BUDGET,
              n: int = DEMO_EXPERIMENTS, seed: int = 0, minutes: float = DEMO_MINUTES, mechanisms: bool = True,
              console: Optional[Console] = None, live: Optional[bool] = None) -> DemoResult:
-    from mcp_server.loop.config import CONFIG_NAME
     from mcp_server.agents.builtin import run_builtin
-    from mcp_server.report.writer import write_report
+    from mcp_server.loop.config import CONFIG_NAME
     from mcp_server.loop.workspace import init_workspace
+    from mcp_server.report.writer import write_report
 
     if n < 1:
         raise ValueError("-n must be at least 1")

@@ -27,8 +27,7 @@ class Check:
 
 
 def _workspace_checks(start: Optional[str]) -> tuple[list[Check], Optional[Path]]:
-    from mcp_server.loop import gitops
-    from mcp_server.loop import integrity
+    from mcp_server.loop import gitops, integrity
     from mcp_server.loop.config import ConfigError
     from mcp_server.loop.engine import Engine
     from mcp_server.loop.workspace import Workspace, WorkspaceError

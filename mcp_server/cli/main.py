@@ -50,7 +50,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(argv).parse_args(argv)
     if getattr(args, "unsafe_no_sandbox", False):
-        from mcp_server.loop import sandbox   # sets LOOPWRIGHT_UNSAFE_NO_SANDBOX for this process and its children
+        from mcp_server.loop import sandbox  # sets LOOPWRIGHT_UNSAFE_NO_SANDBOX for this process and its children
         sandbox.allow_unsafe()
     try:
         return COMMANDS[args.command].handler()(args) or 0

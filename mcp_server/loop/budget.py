@@ -5,9 +5,8 @@ from typing import Optional
 
 from pydantic import BaseModel
 
-from mcp_server.loop.config import BudgetConfig
 from mcp_server.ledger.store import Ledger
-
+from mcp_server.loop.config import BudgetConfig
 
 # A run's time budget is wall-clock for the whole train.py process: start-up (imports, data loading,
 # compilation: 5-20 s on a small CPU) counts. Below this a run gets a handful of steps and its score

@@ -14,15 +14,23 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from mcp_server.common.locks import FileLock
-from mcp_server.loop import approvals
+from mcp_server.loop import approvals, gitops, integrity, runner, verdict
 from mcp_server.loop import budget as budgetmod
-from mcp_server.loop import gitops
-from mcp_server.loop import integrity
-from mcp_server.loop import runner
 from mcp_server.loop import text as textmod
-from mcp_server.loop import verdict
-from mcp_server.loop.models import (BaselineInfo, BudgetResult, ExperimentResult, ExperimentRow, NoiseInfo, NoteResult,
-                     NoteRow, PairInfo, RevertResult, ScoreResult, StateView, Summary)
+from mcp_server.loop.models import (
+    BaselineInfo,
+    BudgetResult,
+    ExperimentResult,
+    ExperimentRow,
+    NoiseInfo,
+    NoteResult,
+    NoteRow,
+    PairInfo,
+    RevertResult,
+    ScoreResult,
+    StateView,
+    Summary,
+)
 from mcp_server.loop.workspace import Workspace, sinks_for
 
 NOTE_KINDS = ("lesson", "dead_end", "idea", "observation")

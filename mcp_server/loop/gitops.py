@@ -256,7 +256,7 @@ def verified_blob_bytes(root: Path, commit: str, path: str) -> bytes:
     body = _verified_object(r, sha, b"commit")
     tree = body.split(b"\n", 1)[0].split(b" ", 1)[1].decode()
     parts = path.split("/")
-    for i, name in enumerate(parts):
+    for name in parts:
         data = _verified_object(r, tree, b"tree")
         entry = None
         pos = 0

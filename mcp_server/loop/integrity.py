@@ -14,9 +14,9 @@ import fnmatch
 import hashlib
 import json
 import os
-import zlib
 import shutil
 import time
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional

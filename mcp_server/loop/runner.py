@@ -35,8 +35,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from mcp_server.common.procs import kill_group, kill_group_now
-from mcp_server.loop import gitops
-from mcp_server.loop import sandbox
+from mcp_server.loop import gitops, sandbox
 from mcp_server.loop.workspace import Workspace
 
 ProgressFn = Callable[[int, float, float, float], None]   # step, loss, elapsed, remaining
@@ -186,7 +185,7 @@ def run_training(ws: Workspace, run_dir: Path, seed: int, on_progress: Optional[
     if proc.returncode != 0:
         return TrainResult("crash", proc.returncode, f"train.py exited with code {proc.returncode}", wall,
                            summary, tail, sandbox=info.kind)
-    loss_nan = any("loss=nan" in l.lower() or "loss=inf" in l.lower() for l in lines[-50:])
+    loss_nan = any("loss=nan" in ln.lower() or "loss=inf" in ln.lower() for ln in lines[-50:])
     if loss_nan or any(isinstance(v, float) and math.isnan(v) for v in summary.values()):
         return TrainResult("crash", 0, "training diverged (NaN/inf loss)", wall, summary, tail, sandbox=info.kind)
     if not model_path.is_file() or model_path.is_symlink():

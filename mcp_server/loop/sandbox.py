@@ -228,7 +228,7 @@ def gpu_visible(env: Mapping[str, str]) -> bool:
 # ---------------------------------------------------------------------------
 # Commands
 
-def build_command(argv: Sequence[str], *, mode: Literal["train", "eval"] = "train",
+def build_command(argv: Sequence[str], *, mode: Literal["train", "eval"] = "train",  # noqa: C901 - one flag list
                   ro_binds: Iterable[os.PathLike | str] = (),
                   rw_binds: Iterable[os.PathLike | str] = (),
                   scratch: Optional[os.PathLike | str] = None,

@@ -19,8 +19,16 @@ from typing import Any, Optional
 from pydantic import Field, ValidationError
 
 from mcp_server.loop import config as cfgmod
-from mcp_server.loop.config import (BudgetConfig, CampaignConfig, ConfigError, JiraConfig, ScheduleConfig,
-                                    SlackConfig, WebhookConfig, tomllib)
+from mcp_server.loop.config import (
+    BudgetConfig,
+    CampaignConfig,
+    ConfigError,
+    JiraConfig,
+    ScheduleConfig,
+    SlackConfig,
+    WebhookConfig,
+    tomllib,
+)
 
 SETTINGS_NAME = "settings.toml"
 _HEADER = ("# loopwright operational settings (budgets, schedules, connectors).\n"

@@ -33,12 +33,11 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from mcp_server.common.facts import HOOK_MATCHER, MCP_SERVER
 from mcp_server.common.locks import FileLock
+from mcp_server.ledger.store import Ledger
 from mcp_server.loop import config as cfgmod
 from mcp_server.loop import gitops
 from mcp_server.loop import settings as setmod
-from mcp_server.ledger.store import Ledger
 
 LOCK_NAME = "loopwright.lock"   # committed manifest of what decides the score
 BENCH_FILES = ("prepare.py", "train.py", "program.md")
@@ -62,7 +61,7 @@ def bench_source_dir(name: str = "gpt") -> Path:
     """Where the bundled benchmark files live (source checkout or installed data files)."""
     candidates = [Path(__file__).resolve().parents[2] / "bench" / name]   # a source checkout
     try:   # an installed wheel: the benchmark is package data of mcp_server._bench, a namespace package
-        import importlib.util   # (no __init__.py), so it may have several locations
+        import importlib.util  # (no __init__.py), so it may have several locations
 
         spec = importlib.util.find_spec("mcp_server._bench")
         candidates += [Path(p) / name for p in (spec.submodule_search_locations or [])] if spec else []
@@ -556,7 +555,7 @@ def _create_in(root: Path, state: Path, wid: str, src: Path, tag: str, corpus: s
     with ws.ledger() as ledger:
         cid = ledger.create_campaign(tag, branch, pinned)
         ledger.add_event(cid, "campaign_start", {"tag": tag, "pinned_commit": pinned}, sinks=sinks_for(ws.cfg))
-    from mcp_server.loop import integrity   # (integrity imports this module)
+    from mcp_server.loop import integrity  # (integrity imports this module)
     integrity.snapshot_pin(ws, pinned)      # a copy of the pinned objects, to repair a rewritten one
     ws.sync_train_view()
     return ws

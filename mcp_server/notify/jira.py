@@ -18,8 +18,8 @@ import json
 import logging
 from typing import Mapping, Optional
 
-from mcp_server.notify.fmt import join, keep_deltas, num
 from mcp_server.notify.events import DeliveryError, Event, ledger_uid, redact
+from mcp_server.notify.fmt import join, keep_deltas, num
 
 log = logging.getLogger("loopwright.notify.jira")
 

@@ -27,8 +27,8 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.webhook import WebhookClient
 
 from mcp_server.notify import approval_blocks
-from mcp_server.notify.fmt import join, keep_deltas, num
 from mcp_server.notify.events import DeliveryError, Event, ledger_uid, redact
+from mcp_server.notify.fmt import join, keep_deltas, num
 
 log = logging.getLogger("loopwright.notify.slack")
 # The SDK logs request headers (the bearer token) at DEBUG; give it a logger that never does.

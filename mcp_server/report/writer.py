@@ -194,7 +194,7 @@ def plot_progress(data: ReportData, path: Path) -> PlotInfo:
         ax.annotate(p.description[:42], (p.number, p.val_bpb), xytext=(6, -12), textcoords="offset points",
                     fontsize=8, color="#1f6e2f", rotation=-20)
     if data.baseline_mean is not None:   # running best: a step down at each keep
-        xs, ys, best = [0], [data.baseline_mean], data.baseline_mean
+        xs, ys = [0], [data.baseline_mean]
         for p in keeps:
             xs += [p.number]
             ys += [p.val_bpb]
@@ -344,7 +344,8 @@ def render_markdown(data: ReportData, plot_name: str = "progress.png", tsv_name:
               f"- Compute: {b.get('hours_used', 0) * 60:.1f} min of experiments"
               + (f" (of {(b['hours_used'] + b['hours_left']) * 60:.0f} min)" if b.get("hours_left") is not None else ""),
               f"- Agent cost: ${b.get('cost_used_usd', 0):.2f}",
-              f"- Should stop: {b.get('should_stop')} {('(' + '; '.join(b.get('reasons') or []) + ')') if b.get('reasons') else ''}",
+              f"- Should stop: {b.get('should_stop')} "
+              f"{('(' + '; '.join(b.get('reasons') or []) + ')') if b.get('reasons') else ''}",
               ""]
     L += ["## Hidden test split (for people only; never shown to the agent)", ""]
     d = divergence(data)

@@ -18,7 +18,7 @@ def launch(root: Path | str, *, agent: str, trigger: str, detail: str,
            max_session_minutes: Optional[float] = None, level: Optional[str] = None) -> None:
     """Start one headless agent session with the launcher (mcp_server.agents.launch), passing the
     optional arguments only where the launcher accepts them."""
-    from mcp_server.agents.launch import launch_session   # lazily: the triggers work (and test) without it
+    from mcp_server.agents.launch import launch_session  # lazily: the triggers work (and test) without it
 
     optional = {"detail": detail, "max_session_minutes": max_session_minutes, "level": level}
     params = inspect.signature(launch_session).parameters

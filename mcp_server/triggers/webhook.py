@@ -172,7 +172,7 @@ def _default_status(ledger) -> str:
             + (f"; stop requested: {stop}" if stop else ""))
 
 
-def create_app(root_or_cfg, start_session: Optional[StartSession] = None, ledger=None,
+def create_app(root_or_cfg, start_session: Optional[StartSession] = None, ledger=None,  # noqa: C901 - routes as closures
                clock: Callable[[], float] = time.time, *, status_text: Optional[Callable[[], str]] = None,
                state_dir: Path | str | None = None, env: Optional[Mapping[str, str]] = None) -> Starlette:
     """The receiver. `root_or_cfg` is a workspace root (config, ledger and state dir from it) or a

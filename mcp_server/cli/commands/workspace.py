@@ -53,7 +53,7 @@ def status(args) -> int:
     with open_engine(args) as eng:
         s, b = eng.summary(), eng.budget()
         rows = eng.recent_experiments(args.limit)
-        from mcp_server.cli.approvals import waiting_lines   # the autonomy slider: what waits on a person
+        from mcp_server.cli.approvals import waiting_lines  # the autonomy slider: what waits on a person
         waiting = waiting_lines(eng)
         if args.json:
             print(json.dumps({"summary": s.model_dump(), "budget": b.model_dump(), "waiting_approvals": waiting,
@@ -72,7 +72,7 @@ def _print_status(s, b, rows) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from mcp_server.loop.text import for_rich   # descriptions are agent-written: no raw markup or escapes
+    from mcp_server.loop.text import for_rich  # descriptions are agent-written: no raw markup or escapes
 
     con = Console()
     con.print(f"[bold]campaign[/] {s.tag}  branch {s.branch}  pinned {s.pinned_commit}")
