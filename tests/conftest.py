@@ -94,3 +94,22 @@ def alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return state not in ("Z", "X")
+
+
+# --------------------------------------------------------------------------- the quick tier
+
+# Fixtures that build a workspace or a corpus (seconds each): a test that uses one, directly or
+# through another fixture, is not in the quick tier.
+HEAVY_FIXTURES = {"small_corpus"}
+
+
+@pytest.hookimpl(tryfirst=True)   # before -m selects
+def pytest_collection_modifyitems(config, items):
+    """`pytest -m unit` (under a minute): every test that is not slow, does not drive a real client
+    and builds no workspace. A test can also be marked unit by hand."""
+    for item in items:
+        if item.get_closest_marker("slow") or item.get_closest_marker("realclient"):
+            continue
+        if HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())):
+            continue
+        item.add_marker(pytest.mark.unit)

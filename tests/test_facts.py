@@ -17,7 +17,6 @@ from mcp_server.common.facts import HOOK_MATCHER, MCP_SERVER, MCP_TOOLS
 from mcp_server.common.locks import FileLock
 from mcp_server.common.procs import group_alive, kill_group, kill_group_now
 
-pytestmark = pytest.mark.unit
 REPO = Path(__file__).resolve().parent.parent
 
 

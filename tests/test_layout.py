@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "mcp_server"
