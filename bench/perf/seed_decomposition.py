@@ -1,0 +1,76 @@
+"""Where the baseline's seed noise comes from: model init vs data order.
+
+    python bench/perf/seed_decomposition.py 1,1 2,1 3,1 4,1 1,2 1,3 1,4     # INIT,DATA pairs
+
+Trains the baseline (bench/gpt/train.py's model and hyperparameters, AdamW,
+warm-up and linear warm-down) for a fixed number of steps (--steps, default
+100, the baseline's step count in a 30 s budget) in this process, with the init
+seed and the dataloader seed set separately, and scores each model on 256
+windows spread over the val split (prepare.bpb_sums). Varying one seed with the
+other fixed gives the SD due to init alone and to data order alone.
+"""
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "gpt"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("pairs", nargs="+", help="INIT,DATA seed pairs")
+    p.add_argument("--steps", type=int, default=100)
+    args = p.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="lw-seeds-"))
+    try:
+        for name in ("prepare.py", "train.py"):
+            shutil.copyfile(BENCH / name, tmp / name)
+        subprocess.run([sys.executable, "prepare.py", "prepare"], cwd=tmp, check=True, capture_output=True)
+        sys.path.insert(0, str(tmp))
+        import torch
+        import torch.nn.functional as F
+
+        import prepare as P
+        import train as T
+
+        torch.set_num_threads(len(os.sched_getaffinity(0)))
+        torch.use_deterministic_algorithms(True)
+        val, tb = P._tokens("val"), P._token_bytes(P.load_meta(), P.DATA_DIR)
+        for spec in args.pairs:
+            init_seed, data_seed = map(int, spec.split(","))
+            torch.manual_seed(init_seed)
+            m = T.GPT(P.VOCAB_SIZE, T.D_MODEL, T.DEPTH, T.N_HEAD, T.MLP_RATIO, P.SEQ_LEN)
+            mats = [q for b in m.blocks for q in b.parameters()]
+            opt = torch.optim.AdamW([dict(params=[m.embed.weight], lr=T.EMBED_LR), dict(params=[m.head.weight], lr=T.LR),
+                                     dict(params=mats, lr=T.LR, weight_decay=T.WEIGHT_DECAY)],
+                                    betas=(T.BETA1, T.BETA2), eps=1e-8, fused=True)
+            for g in opt.param_groups:
+                g["base_lr"] = g["lr"]
+            loader = P.make_dataloader("train", T.BATCH_SIZE, "cpu", data_seed)
+            for step in range(args.steps):
+                x, y = next(loader)
+                F.cross_entropy(m(x).view(-1, P.VOCAB_SIZE), y.reshape(-1)).backward()
+                torch.nn.utils.clip_grad_norm_(m.parameters(), T.GRAD_CLIP)
+                scale = min(1.0, (step + 1) / T.WARMUP_STEPS) * min(1.0, max(0.0, (1 - step / args.steps) / T.WARMDOWN_FRAC))
+                for g in opt.param_groups:
+                    g["lr"] = g["base_lr"] * scale
+                opt.step()
+                m.zero_grad(set_to_none=True)
+            m.eval()
+            nats, nbytes, _ = P.bpb_sums(m, val, tb, 256 * P.SEQ_LEN)
+            print(json.dumps({"init": init_seed, "data": data_seed, "val_bpb": round(nats / math.log(2) / nbytes, 4)}),
+                  flush=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
