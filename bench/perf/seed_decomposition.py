@@ -48,7 +48,8 @@ def main() -> int:
             torch.manual_seed(init_seed)
             m = T.GPT(P.VOCAB_SIZE, T.D_MODEL, T.DEPTH, T.N_HEAD, T.MLP_RATIO, P.SEQ_LEN)
             mats = [q for b in m.blocks for q in b.parameters()]
-            opt = torch.optim.AdamW([dict(params=[m.embed.weight], lr=T.EMBED_LR), dict(params=[m.head.weight], lr=T.LR),
+            opt = torch.optim.AdamW([dict(params=[m.embed.weight], lr=T.EMBED_LR, weight_decay=0.0),
+                                     dict(params=[m.head.weight], lr=T.LR, weight_decay=0.0),
                                      dict(params=mats, lr=T.LR, weight_decay=T.WEIGHT_DECAY)],
                                     betas=(T.BETA1, T.BETA2), eps=1e-8, fused=True)
             for g in opt.param_groups:
