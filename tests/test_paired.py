@@ -200,3 +200,18 @@ def test_replay_checks_each_keep_on_fresh_interleaved_seeds(tmp_path, small_corp
         assert latest(eng.ledger, eng.campaign["id"]).keeps[-1].outcome == "does not hold"
     md = write_report(ws.root).markdown.read_text()
     assert "## Replay 1" in md and "does not hold" in md and "Not every keep holds" in md
+
+
+def test_ablation_paired_statistics():
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "ablation", Path(__file__).resolve().parent.parent / "bench" / "perf" / "ablation_mechanisms.py")
+    ab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ab)
+    st = ab.paired_stats([-0.01, -0.02, -0.005, -0.03, -0.01, -0.02, -0.001, -0.015])
+    assert st["p_signflip"] == pytest.approx(2 / 256)        # all 8 negative: only the two all-same-sign flips
+    assert st["ci"][1] < 0 < -st["ci"][0] and st["t"] < -3
+    st = ab.paired_stats([0.01, -0.01, 0.02, -0.02])
+    assert st["p_signflip"] == 1.0 and st["mean"] == 0.0
