@@ -130,6 +130,7 @@ def test_claude_code_plugin_runs_the_loop(tmp_path, small_corpus):
     assert json.loads(stops[0]["stdout"])["decision"] == "block"
     assert "block" not in (stops[1].get("stdout") or "")
     assert run.final_text == "The budget is spent; done." and _budget_spent(root)
+    _no_server_left(root)   # issue 15 item 8: the plugin's server left with Claude Code
 
 
 # --------------------------------------------------------------------------- Codex
@@ -197,6 +198,35 @@ def test_codex_plugin_runs_the_loop(tmp_path, small_corpus):
     calls = [i for i in run.items("mcp_tool_call") if i.get("status") == "completed"]
     assert [(c["server"], c["tool"]) for c in calls][-2:] == [("loopwright", "run_experiment"), ("loopwright", "score")]
     assert run.final_text == "The budget is spent; done." and _budget_spent(root)
+    _no_server_left(root)   # issue 15 item 8: the plugin's server left with Codex
+
+
+def _servers_of(root: Path) -> list[int]:
+    """Live `loopwright serve` processes for this workspace (by argument, environment or cwd)."""
+    import os
+
+    out, key = [], str(root).encode()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+            env = open(f"/proc/{pid}/environ", "rb").read()
+            state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+            cwd = os.readlink(f"/proc/{pid}/cwd").encode()
+        except OSError:
+            continue
+        if b"serve" in cmd and (b"mcp_server.cli" in cmd or b"loopwright" in cmd) and state not in ("Z", "X") \
+                and (key in cmd or b"LOOPWRIGHT_WORKSPACE=" + key + b"\0" in env or cwd == key):
+            out.append(int(pid))
+    return out
+
+
+def _no_server_left(root: Path, within_s: float = 10) -> None:
+    import time
+
+    deadline = time.time() + within_s
+    while _servers_of(root) and time.time() < deadline:
+        time.sleep(0.3)
+    assert not _servers_of(root), f"loopwright servers outlived the client: {_servers_of(root)}"
 
 
 # --------------------------------------------------------------------------- other real clients

@@ -344,9 +344,17 @@ def test_doctor_green_for_one_wiring_and_red_for_a_double(tmp_path, small_corpus
     (tmp_path / "cc" / "plugins" / "installed_plugins.json").write_text(json.dumps(
         {"version": 2, "plugins": {"loopwright@loopwright": [{"scope": "user"}]}}))
     r = subprocess.run(doctor, capture_output=True, text=True, env=env, timeout=300)
-    assert r.returncode == 1 and "✘ Claude Code: wired twice" in r.stdout and "wiring --set plugin" in r.stdout
-    fixed = subprocess.run([sys.executable, "-m", "mcp_server.cli", "wiring", "--set", "auto", "-w", str(ws.root)],
+    assert r.returncode == 1 and "✘ Claude Code: wired twice" in r.stdout
+    assert "claude plugin disable loopwright@loopwright" in r.stdout
+    shown = subprocess.run([sys.executable, "-m", "mcp_server.cli", "wiring", "-w", str(ws.root)],
                            capture_output=True, text=True, env=env, timeout=120)
-    assert "claude: plugin" in fixed.stdout and not (ws.root / ".mcp.json").exists()
-    r = subprocess.run(doctor, capture_output=True, text=True, env=env, timeout=300)
+    assert shown.returncode == 1 and "wired twice" in shown.stdout
+    # a workspace made with the plugin installed (auto) carries no copy: green
+    ws2 = tmp_path / "ws2"
+    made = subprocess.run([sys.executable, "-m", "mcp_server.cli", "init", str(ws2), "--corpus", str(small_corpus)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert made.returncode == 0 and "Claude Code via the installed plugin" in made.stdout, made.stderr
+    assert not (ws2 / ".mcp.json").exists()
+    r = subprocess.run(doctor[:-1] + [str(ws2)], capture_output=True, text=True, env=env, timeout=300)
     assert "✔ Claude Code: loopwright plugin installed" in r.stdout and "wired twice" not in r.stdout
+    assert "✔ Claude Code sandbox on" in r.stdout

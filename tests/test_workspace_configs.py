@@ -101,7 +101,7 @@ def test_doctor_finds_doubles_and_says_how_to_undo_them(tmp_path):
     clients.apply_wiring(ws, "/usr/bin/python3", STATE, "workspace", env=env)     # the README's double wiring
     found = {f.what.split(":")[0]: f for f in clients.check_wiring(ws, STATE, env)}
     assert not found["Claude Code"].ok and "wired twice" in found["Claude Code"].what
-    assert "--set plugin" in found["Claude Code"].fix
+    assert "claude plugin disable loopwright@loopwright" in found["Claude Code"].fix
     assert not found["Codex"].ok and "wired twice" in found["Codex"].what
     chosen = clients.apply_wiring(ws, "/usr/bin/python3", STATE, "auto", env=env)
     assert chosen == {"claude": "plugin", "codex": "plugin"} and not (ws / ".mcp.json").exists()

@@ -9,7 +9,8 @@ cannot drift apart between the wirings.
 One wiring per client (issue 15): with the plugin installed, a workspace gets no
 copies of the server or the hooks (else every hook runs twice and Claude Code
 shows two servers); without it, the workspace carries them. `loopwright init
---wiring plugin|workspace|auto` chooses (auto: plugin where it is installed).
+--wiring plugin|workspace|auto` chooses (auto: plugin where it is installed); the files are
+then frozen in the pinned commit, so the choice is made once, at init.
 Either way the workspace's configs turn the client's own sandbox on (issue 10):
 Claude Code's `sandbox` (bubblewrap on Linux) with writes limited to the editable
 files and a scratch dir and the loop's state dir unreadable; Codex
@@ -300,8 +301,11 @@ def check_wiring(root: Path, state_dir: Optional[Path], env: Optional[Mapping[st
                 "[mcp_servers.loopwright] and [hooks] in .codex/config.toml"
             out.append(Finding(False, f"{name}: wired twice: the plugin {plugin} and the workspace's {files} "
                                       "(every hook would run twice)",
-                               "`loopwright wiring --set plugin` (removes the workspace's copies), or uninstall "
-                               "the plugin and keep the workspace wiring"))
+                               "this workspace was made with its own wiring (frozen in its pinned commit): disable "
+                               "the plugin (" + ("`claude plugin disable loopwright@loopwright`" if client == "claude"
+                                                 else "enabled = false under its [plugins.\"loopwright@...\"] in "
+                                                      "$CODEX_HOME/config.toml") +
+                               "), or make a new workspace with the plugin installed: `loopwright init DIR`"))
         elif client == "codex" and plugin and user_codex:
             out.append(Finding(False, f"Codex: wired twice: the plugin {plugin} and loopwright's block in {user_codex}",
                                f"remove the loopwright block from {user_codex} (the plugin is enough); do not run "
@@ -315,10 +319,10 @@ def check_wiring(root: Path, state_dir: Optional[Path], env: Optional[Mapping[st
             out.append(Finding(True, f"Codex: wired by loopwright's block in {user_codex}"))
         else:
             fix = ("install the plugin (`claude plugin marketplace add <loopwright checkout>` then "
-                   "`claude plugin install loopwright@loopwright`) or `loopwright wiring --set workspace`"
-                   if client == "claude" else
+                   "`claude plugin install loopwright@loopwright`), or make the workspace with "
+                   "`loopwright init DIR --wiring workspace`" if client == "claude" else
                    "install the plugin (`codex plugin marketplace add <loopwright checkout>` then `codex plugin add "
-                   "loopwright@loopwright`) or `loopwright wiring --set workspace`")
+                   "loopwright@loopwright`), or `loopwright codex-config --write`")
             out.append(Finding(False, f"{name}: loopwright is not wired (no plugin, no workspace files)", fix))
     out += check_sandboxes(root, state_dir)
     return out
@@ -343,18 +347,24 @@ def check_sandboxes(root: Path, state_dir: Optional[Path]) -> list[Finding]:
     out.append(Finding(not problems, "Claude Code sandbox on in .claude/settings.json (Bash writes only train.py "
                                      f"and {scratch_dir(state_dir)}; the state dir unreachable)" if not problems else
                        "Claude Code sandbox: " + "; ".join(problems),
-                       "`loopwright wiring --set auto` rewrites .claude/settings.json with the sandbox on"))
+                       "the workspace predates these settings: make a new one with `loopwright init DIR`"))
     mode = _read_toml(root / ".codex" / "config.toml").get("sandbox_mode")
     out.append(Finding(mode == "workspace-write", f"Codex sandbox_mode = {mode!r} in .codex/config.toml"
                        + (" (the launcher passes -s workspace-write too)" if mode == "workspace-write" else ""),
-                       'set sandbox_mode = "workspace-write" (`loopwright wiring --set auto` rewrites the file)'))
+                       "the workspace predates these settings: make a new one with `loopwright init DIR` "
+                       "(`loopwright launch --agent codex` passes -s workspace-write either way)"))
     return out
+
+
+def recorded_wiring(root: Path) -> dict[str, str]:
+    return _read_json(Path(root) / WIRING_FILE)
 
 
 def apply_wiring(root: Path, python: str, state_dir: Optional[Path], wiring: str,
                  editable: Iterable[str] = ("train.py",), env: Optional[Mapping[str, str]] = None) -> dict[str, str]:
-    """Rewrite a workspace's client files for `wiring`, removing the copies the other wiring needs.
-    Returns {client: wiring}."""
+    """Write a workspace's client files for `wiring`, removing the copies the other wiring needs (before the
+    workspace is pinned: afterwards they are frozen files, restored by the integrity check). Returns
+    {client: wiring}."""
     root = Path(root)
     chosen = resolve_wiring(wiring, env)
     files = workspace_files(root, python, state_dir, chosen, editable)

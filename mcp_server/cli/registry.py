@@ -97,8 +97,8 @@ for _command in (
     Command("notify", "triggers:notify", "deliver pending Slack / Jira messages now"),
     # the clients' side: wiring checks, Codex config, the hook entry point
     Command("doctor", "clients:doctor", "check the workspace, server, hooks and agent CLIs; say what to fix"),
-    Command("wiring", "clients:wiring", "how Claude Code / Codex reach loopwright here (plugin or workspace files); "
-                                        "--set plugin|workspace|auto rewrites them"),
+    Command("wiring", "clients:wiring", "how Claude Code / Codex reach loopwright here (plugin or workspace files, "
+                                        "chosen at init with --wiring) and whether anything doubles it"),
     Command("codex-config", "clients:codex_config", "print (or --write) Codex config.toml entries for this workspace"),
     Command("guard", "clients:guard", "hook entry point used by Claude Code and Codex (reads stdin)", workspace=False),
 ):

@@ -54,21 +54,16 @@ def codex_config(args) -> int:
     return 0
 
 
-def wiring_args(sp) -> None:
-    sp.add_argument("--set", dest="choice", choices=["auto", "plugin", "workspace"], default=None,
-                    help="rewrite the workspace's client files for this wiring (auto: plugin where installed)")
-
-
 def wiring(args) -> int:
-    """Show, or change, how each client reaches loopwright in this workspace (one wiring per client)."""
+    """How each client reaches loopwright in this workspace (one wiring per client, chosen at init), and
+    whether that is still true: a plugin installed since, a user-level Codex block, the sandboxes."""
     from mcp_server.agents import clients
     from mcp_server.loop.workspace import Workspace
 
     ws = Workspace.find(args.workspace)
-    if args.choice:
-        chosen = clients.apply_wiring(ws.root, sys.executable, ws.state_dir, args.choice,
-                                      editable=ws.cfg.paths.editable)
-        print("wiring: " + ", ".join(f"{c}: {w}" for c, w in chosen.items()))
+    chosen = clients.recorded_wiring(ws.root)
+    if chosen:
+        print("chosen at init: " + ", ".join(f"{c}: {w}" for c, w in chosen.items()))
     bad = 0
     for f in clients.check_wiring(ws.root, ws.state_dir):
         print(f"{'✔' if f.ok else '✘'} {f.what}" + (f"\n    fix: {f.fix}" if not f.ok and f.fix else ""))

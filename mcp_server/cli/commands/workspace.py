@@ -38,7 +38,7 @@ def init(args) -> int:
     print(f"workspace ready: {ws.root} (campaign '{args.tag}', branch loopwright/{args.tag})")
     print("wiring: " + ", ".join(f"{c} via " + ("the installed plugin" if w == "plugin" else "the workspace's files")
                                  for c, w in (("Claude Code", wiring["claude"]), ("Codex", wiring["codex"])))
-          + " (change with `loopwright wiring --set plugin|workspace|auto`)")
+          + " (`loopwright wiring` checks it; install a plugin before init)")
     print(f"next: `loopwright serve --workspace {ws.root}` for an agent, or "
           f"`loopwright run --agent builtin --workspace {ws.root}`")
     return 0
