@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import alive as _alive, make_workspace
+from conftest import make_workspace
 from mcp_server.loop import gitops
+from mcp_server.loop import sandbox
 from mcp_server.loop.engine import Engine, LoopError
 
 HEADER = '''
@@ -85,9 +86,12 @@ def test_rewriting_the_evaluator_during_the_run_is_caught(ws):
     eng = _engine_with_baseline(ws)
     original = (ws.root / "prepare.py").read_bytes()
     res = _run(eng, "open('prepare.py', 'a').write('\\nCHEAT = True\\n')\n")
-    assert res.status == "rejected" and "changed frozen files" in res.reason
-    assert (ws.root / "prepare.py").read_bytes() == original
-    assert [e["payload"]["when"] for e in eng.ledger.events(kind="tamper")] == ["during the run"]
+    assert (ws.root / "prepare.py").read_bytes() == original and res.val_bpb is None
+    if sandbox.detect().available:     # the OS refuses the write: the workspace is read-only to train.py
+        assert res.status == "crash" and "Read-only file system" in (res.log_tail or "")
+    else:                              # --unsafe-no-sandbox: the integrity check catches and restores it
+        assert res.status == "rejected" and "changed frozen files" in res.reason
+        assert [e["payload"]["when"] for e in eng.ledger.events(kind="tamper")] == ["during the run"]
 
 
 def test_tampering_and_then_crashing_is_still_caught(ws):
@@ -95,8 +99,11 @@ def test_tampering_and_then_crashing_is_still_caught(ws):
     original = (ws.root / "loopwright.toml").read_text()
     res = _run(eng, "open('loopwright.toml', 'w').write(open('loopwright.toml').read()"
                     ".replace('min_delta = 0.002', 'min_delta = 0.0'))\nraise SystemExit(3)\n")
-    assert res.status == "rejected" and "loopwright.toml" in res.reason
-    assert (ws.root / "loopwright.toml").read_text() == original
+    assert (ws.root / "loopwright.toml").read_text() == original and res.val_bpb is None
+    if sandbox.detect().available:
+        assert res.status == "crash" and "Read-only file system" in (res.log_tail or "")
+    else:
+        assert res.status == "rejected" and "loopwright.toml" in res.reason
 
 
 def test_rewriting_the_ledger_during_the_run_is_caught(ws):
@@ -144,7 +151,7 @@ def test_secrets_never_reach_train_py(ws, monkeypatch):
     res = _run(eng, "import json\n"
                     "json.dump(dict(os.environ), open(os.environ['LOOPWRIGHT_RUN_DIR'] + '/env.json', 'w'))\n")
     assert res.status == "ok"
-    env = json.loads((ws.run_dir(res.experiment_id) / "env.json").read_text())
+    env = json.loads((ws.run_dir(res.experiment_id) / "scratch" / "env.json").read_text())
     assert "SLACK_BOT_TOKEN" not in env and "JIRA_API_TOKEN" not in env
     assert "secret-value" not in json.dumps(env)
     assert env["LOOPWRIGHT_SEED"] == str(res.seed)
@@ -155,17 +162,23 @@ def test_overrunning_the_budget_is_killed_with_its_children(tmp_path, small_corp
     eng = _engine_with_baseline(ws)
     from mcp_server.loop.config import load_config
     cfg = load_config(ws.root)
+    # the child beats (writes a counter to scratch/beat) until it dies; pids inside the sandbox's
+    # PID namespace mean nothing outside it, so the heartbeat is what is checked
     res = _run(eng, "import subprocess\n"
-                    "child = subprocess.Popen(['sleep', '600'])\n"
-                    "open(os.environ['LOOPWRIGHT_RUN_DIR'] + '/child.pid', 'w').write(str(child.pid))\n"
+                    "d = os.environ['LOOPWRIGHT_RUN_DIR']\n"
+                    "open(d + '/child.py', 'w').write('import os, time\\nn = 0\\nwhile True:\\n    n += 1\\n"
+                    "    open(os.path.join(os.path.dirname(__file__), \"beat\"), \"w\").write(str(n))\\n"
+                    "    time.sleep(0.2)\\n')\n"
+                    "subprocess.Popen([sys.executable, d + '/child.py'], start_new_session=True)\n"
                     "time.sleep(10_000)\n")
     assert res.status == "timeout" and "hard limit" in res.reason
     assert res.total_seconds < cfg.benchmark.hard_limit_seconds() + 15   # per clock (auto: 4 x budget + grace)
-    child = int((ws.run_dir(res.experiment_id) / "child.pid").read_text())
-    deadline = time.time() + 10
-    while time.time() < deadline and _alive(child):
-        time.sleep(0.1)
-    assert not _alive(child), "a child of train.py survived the hard kill"
+    beat = ws.run_dir(res.experiment_id) / "scratch" / "beat"
+    assert beat.is_file(), "the child never ran"
+    time.sleep(1)
+    last = beat.read_text()
+    time.sleep(2)
+    assert beat.read_text() == last, "a child of train.py (in its own session) survived the hard kill"
 
 
 def _loose_object_path(root: Path, sha: str) -> Path:
