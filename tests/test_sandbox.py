@@ -569,3 +569,29 @@ def test_doctor_says_which_sandbox_is_active(capsys, tmp_path, monkeypatch):
     run_doctor(str(tmp_path), skip_server=True)
     out = capsys.readouterr().out
     assert "✘ sandbox: NONE" in out and "UNSAFE" in out and "apt-get install bubblewrap" in out
+
+
+@needs_bwrap
+def test_hard_kill_takes_every_descendant_with_it(tmp_path, small_corpus):
+    """At the hard limit the runner kills the sandbox: a child in its own session stops beating."""
+    from conftest import make_workspace
+    from mcp_server.loop import runner
+
+    ws = make_workspace(tmp_path / "ws", small_corpus, benchmark={"time_budget": 2.0, "grace_seconds": 2.0})
+    (ws.root / "train.py").write_text(textwrap.dedent('''
+        import os, subprocess, sys, time
+        d = os.environ["LOOPWRIGHT_RUN_DIR"]
+        open(d + "/child.py", "w").write(
+            "import os, time\\nn = 0\\nwhile True:\\n    n += 1\\n"
+            "    open(os.path.join(os.path.dirname(__file__), 'beat'), 'w').write(str(n))\\n    time.sleep(0.1)\\n")
+        subprocess.Popen([sys.executable, d + "/child.py"], start_new_session=True)
+        time.sleep(10_000)
+    '''))
+    tr = runner.run_training(ws, ws.run_dir(1), seed=1)
+    assert tr.status == "timeout", (tr.status, tr.reason, tr.log_tail)
+    beat = ws.run_dir(1) / "scratch" / "beat"
+    assert beat.is_file()
+    time.sleep(0.5)
+    last = beat.read_text()
+    time.sleep(1.5)
+    assert beat.read_text() == last, "a descendant of train.py outlived the hard kill"
