@@ -18,7 +18,8 @@ def tool_input(payload: dict) -> dict:
 
 
 def payload_cwd(payload: dict, inp: dict) -> str:
-    base = payload.get("cwd") if isinstance(payload.get("cwd"), str) and payload.get("cwd") else os.getcwd()
+    cwd = payload.get("cwd")
+    base = cwd if isinstance(cwd, str) and cwd else os.getcwd()
     for key in ("workdir", "cwd", "working_directory"):     # Codex shell tools carry their own
         if isinstance(inp.get(key), str) and inp[key]:
             return os.path.join(base, inp[key])

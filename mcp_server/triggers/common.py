@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import inspect
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from mcp_server.common.locks import FileLock
 
@@ -20,7 +20,7 @@ def launch(root: Path | str, *, agent: str, trigger: str, detail: str,
     optional arguments only where the launcher accepts them."""
     from mcp_server.agents.launch import launch_session  # lazily: the triggers work (and test) without it
 
-    optional = {"detail": detail, "max_session_minutes": max_session_minutes, "level": level}
+    optional: dict[str, Any] = {"detail": detail, "max_session_minutes": max_session_minutes, "level": level}
     params = inspect.signature(launch_session).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     extra = {k: v for k, v in optional.items() if v is not None and (takes_any or k in params)}

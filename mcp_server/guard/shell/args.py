@@ -69,7 +69,9 @@ def _brace_expand(s: str, limit: int = 64) -> list[str]:
 
 
 def _split_top(s: str) -> list[str]:
-    out, depth, cur = [], 0, []
+    out: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for c in s:
         if c == "," and depth == 0:
             out.append("".join(cur))

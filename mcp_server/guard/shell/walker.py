@@ -133,6 +133,7 @@ class ShellGuard:
     def _assignment(self, word: Word):
         first_kind, first_text = word.parts[0]
         m = _ASSIGN.match(first_text)
+        assert m is not None                       # only called on words _is_assignment accepted
         rest = [(first_kind, first_text[m.end():])] + word.parts[1:]
         args = self._expand(Word(rest), split=False)
         value = args[0].text if args and args[0].kind == "static" else None
@@ -163,11 +164,11 @@ class ShellGuard:
                     fields[-1].append((value, "q"))
             else:
                 fields[-1].append(("*", "dyn"))
-        args = []
+        args: list[Arg] = []
         for pieces in fields:
             if not pieces or (len(fields) > 1 and not "".join(t for t, _ in pieces)):
                 continue                                   # empty fields from splitting vanish
-            variants = [[]]
+            variants: list[list[tuple[str, str]]] = [[]]
             for text, kind in pieces:
                 if kind == "lit" and "{" in text and split:
                     alts = _brace_expand(text)
@@ -220,7 +221,8 @@ class ShellGuard:
             if not files:
                 return self._stdin_text(src)
             texts = [self._file_text(a) for a in files]
-            return None if any(t is None for t in texts) else "".join(texts)
+            known = [t for t in texts if t is not None]
+            return "".join(known) if len(known) == len(texts) else None
         return None
 
     def _file_text(self, arg: Arg) -> Optional[str]:

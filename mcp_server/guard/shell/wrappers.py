@@ -42,8 +42,8 @@ def _w_env(g: ShellGuard, args, stdin, env):
             return []
         elif t.startswith("-") and t != "-":
             i += 1
-        elif _ASSIGN.match(t):
-            env[_ASSIGN.match(t).group(1)] = t.partition("=")[2]
+        elif m := _ASSIGN.match(t):
+            env[m.group(1)] = t.partition("=")[2]
             i += 1
         else:
             break
