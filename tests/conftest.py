@@ -101,6 +101,8 @@ def alive(pid: int) -> bool:
 # Fixtures that build a workspace or a corpus (seconds each): a test that uses one, directly or
 # through another fixture, is not in the quick tier.
 HEAVY_FIXTURES = {"small_corpus"}
+# Modules whose tests export and evaluate real models through prepare.py (tens of seconds together).
+HEAVY_MODULES = {"test_prepare.py", "test_train.py"}
 
 
 @pytest.hookimpl(tryfirst=True)   # before -m selects
@@ -110,6 +112,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("slow") or item.get_closest_marker("realclient"):
             continue
-        if HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())):
+        if HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())) or item.path.name in HEAVY_MODULES:
             continue
         item.add_marker(pytest.mark.unit)
