@@ -296,21 +296,6 @@ def claude_outer_argv(exe: str, root: Path, state_dir: Path, prompt: str, cost_l
     return argv + extra
 
 
-def _toml(value: Any) -> str:
-    """A TOML literal for a `-c key=value` override (JSON strings are valid TOML basic strings)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + "}"
-    raise TypeError(value)
-
-
 def codex_overrides(root: Path, python: str, tool_timeout_s: float, level: str = "inner") -> list[str]:
     """`-c` overrides: the workspace-write sandbox, the loopwright MCP server and the guard hooks, run by
     `python` (generated in agents/clients.py, with every other client config)."""
