@@ -82,18 +82,20 @@ def run(ws: Path, train: str, seed: int, tag: str) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, default=4, help="seeds 1..N for each arm (default 4)")
+    p.add_argument("--first-seed", type=int, default=1, help="start at this seed (more pairs in a second run)")
     p.add_argument("--variant", default="WARMDOWN_FRAC=0.2", help="NAME=VALUE: the small change (default %(default)s)")
     p.add_argument("--budget", type=float, default=30.0, help="[benchmark] time_budget (the demo's: 30)")
     p.add_argument("--clock", default=None, help="[benchmark] clock (default: prepare.py's, auto)")
     p.add_argument("--eval-tokens", type=int, default=None, help="[benchmark] eval_tokens (default: prepare.py's)")
     p.add_argument("--k", type=float, default=2.0, help="k_sigma of the verdict (default 2)")
     p.add_argument("--keep", action="store_true", help="keep the temporary workspace")
-    p.add_argument("--from-log", type=Path, help="recompute the figures from the JSON lines of an earlier "
+    p.add_argument("--from-log", type=Path, nargs="+", help="recompute the figures from the JSON lines of an earlier "
                    "(possibly interrupted) run's output instead of running anything")
     args = p.parse_args(argv)
     name, _, value = args.variant.partition("=")
     if args.from_log:
-        rows = [json.loads(line) for line in args.from_log.read_text().splitlines() if line.startswith("{")]
+        rows = [json.loads(line) for log in args.from_log for line in log.read_text().splitlines()
+                if line.startswith("{")]
         seeds = {r["seed"] for r in rows if r["tag"] == "baseline"} & {r["seed"] for r in rows if r["tag"] == "variant"}
         rows = [r for r in rows if r["seed"] in seeds]
         return report(rows, args, None, None, None)
@@ -115,10 +117,11 @@ def main(argv=None) -> int:
         subprocess.run([sys.executable, "prepare.py", "prepare"], cwd=ws, check=True, capture_output=True)
         load0 = os.getloadavg()
         print(f"# {time.strftime('%Y-%m-%d %H:%M')} load {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}; "
-              f"budget {args.budget}, variant {args.variant}, seeds 1..{args.seeds}", flush=True)
+              f"budget {args.budget}, variant {args.variant}, seeds {args.first_seed}.."
+              f"{args.first_seed + args.seeds - 1}", flush=True)
         rows = []
         t_start = time.monotonic()
-        for seed in range(1, args.seeds + 1):
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
             for tag, train in (("baseline", "train.py"), ("variant", "variant.py")):
                 r = run(ws, train, seed, tag)
                 rows.append(r)
