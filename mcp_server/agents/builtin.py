@@ -79,7 +79,9 @@ def divisibility_constraints(source: str) -> set[tuple[str, str]]:
     tree = ast.parse(source)
     divided: dict[str, tuple[list[str], set[tuple[str, str]]]] = {}
     for node in tree.body:
-        fn = node
+        if not isinstance(node, (ast.ClassDef, ast.FunctionDef)):
+            continue
+        fn: Optional[ast.stmt] = node
         if isinstance(node, ast.ClassDef):
             fn = next((b for b in node.body if isinstance(b, ast.FunctionDef) and b.name == "__init__"), None)
         if not isinstance(fn, ast.FunctionDef):

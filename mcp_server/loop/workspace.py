@@ -31,7 +31,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Mapping, Optional
 
 from mcp_server.common.locks import FileLock
 from mcp_server.ledger.store import Ledger
@@ -396,7 +396,7 @@ def agent_pointer(kind: str) -> str:
 
 
 def client_configs(root: Path, python: str, state_dir: Optional[Path] = None,
-                   wiring: str = "workspace") -> dict[str, str]:
+                   wiring: str | Mapping[str, str] = "workspace") -> dict[str, str]:
     """The client files a workspace carries for `wiring` (agents/clients.py is their one home)."""
     from mcp_server.agents import clients
 
@@ -426,7 +426,7 @@ def data_hashes(meta: dict) -> dict[str, str]:
 def init_workspace(directory: Path | str, tag: str = "main", corpus: str = "stdlib",
                    time_budget: Optional[float] = None, force: bool = False,
                    overrides: Optional[dict] = None, bench_dir: Optional[Path] = None,
-                   wiring: str = "workspace") -> Workspace:
+                   wiring: str | Mapping[str, str] = "workspace") -> Workspace:
     """Create a workspace (or a new campaign in an existing one) and return it.
 
     `bench_dir` holds prepare.py, train.py and program.md (default: the bundled GPT benchmark).
@@ -499,7 +499,7 @@ def _write_id(root: Path, wid: str) -> None:
 
 
 def _create(root: Path, src: Path, tag: str, corpus: str, time_budget: Optional[float],
-            overrides: Optional[dict], wiring: str = "workspace") -> Workspace:
+            overrides: Optional[dict], wiring: str | Mapping[str, str] = "workspace") -> Workspace:
     root.mkdir(parents=True, exist_ok=True)
     wid, state = create_state_dir(root)
     try:
@@ -510,7 +510,7 @@ def _create(root: Path, src: Path, tag: str, corpus: str, time_budget: Optional[
 
 
 def _create_in(root: Path, state: Path, wid: str, src: Path, tag: str, corpus: str, time_budget: Optional[float],
-               overrides: Optional[dict], wiring: str = "workspace") -> Workspace:
+               overrides: Optional[dict], wiring: str | Mapping[str, str] = "workspace") -> Workspace:
     for name in BENCH_FILES:
         shutil.copyfile(src / name, root / name)
 
@@ -697,7 +697,7 @@ def relink_workspace(directory: Path | str) -> str:
         raise StateDirError(f"the id file says {wid!r} but loopwright.lock says {locked!r}; restore the id file")
     pinned = rec.get("pinned_commit")
     try:
-        ok = bool(pinned) and gitops.verified_blob_bytes(root, pinned, LOCK_NAME) is not None
+        ok = bool(pinned) and gitops.verified_blob_bytes(root, str(pinned), LOCK_NAME) is not None
     except Exception:  # noqa: BLE001 - any git failure means "not this repository's pin"
         ok = False
     if not ok:
