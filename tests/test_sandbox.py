@@ -595,3 +595,20 @@ def test_hard_kill_takes_every_descendant_with_it(tmp_path, small_corpus):
     last = beat.read_text()
     time.sleep(1.5)
     assert beat.read_text() == last, "a descendant of train.py outlived the hard kill"
+
+
+def test_unsafe_flag_is_on_the_experiment_commands_only_and_warns_loudly(tmp_path, capsys, monkeypatch):
+    from mcp_server.cli.main import build_parser, main
+
+    monkeypatch.delenv(sandbox.UNSAFE_ENV, raising=False)
+    for cmd in (["serve"], ["run-experiment", "x"], ["run"], ["demo"]):
+        argv = [cmd[0], "--unsafe-no-sandbox", *cmd[1:]]
+        assert build_parser(argv).parse_args(argv).unsafe_no_sandbox is True
+    with pytest.raises(SystemExit):
+        build_parser(["score", "--unsafe-no-sandbox"]).parse_args(["score", "--unsafe-no-sandbox"])
+    capsys.readouterr()
+    code = main(["run-experiment", "--unsafe-no-sandbox", "-w", str(tmp_path / "nowhere"), "x"])
+    err = capsys.readouterr().err
+    assert code == 2 and "WARNING: --unsafe-no-sandbox" in err and "not trustworthy" in err
+    assert os.environ.get(sandbox.UNSAFE_ENV) == "1"      # inherited by the agents' MCP servers
+    monkeypatch.delenv(sandbox.UNSAFE_ENV, raising=False)
