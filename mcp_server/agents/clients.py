@@ -119,6 +119,7 @@ def claude_settings(python: str, root: Path, state_dir: Optional[Path], wiring: 
     return out
 
 
+SERVER_ENV_VARS = ("LOOPWRIGHT_HOME", "XDG_DATA_HOME", "LOOPWRIGHT_SESSION_ID", "LOOPWRIGHT_SESSION_LEVEL")
 CODEX_SANDBOX = {"sandbox_mode": "workspace-write", "sandbox_workspace_write.network_access": False}
 
 
@@ -151,6 +152,8 @@ def _codex_server_and_hooks(python: str, root: Path, tool_timeout_s: int = 3600,
         f"mcp_servers.{name}.tool_timeout_sec": int(tool_timeout_s),   # an experiment trains for minutes
         # score and revert are marked destructive: with approvals off, Codex would refuse them
         f"mcp_servers.{name}.default_tools_approval_mode": "approve",
+        # Codex gives an MCP server only a few variables: pass the state dir's home and the launched session
+        f"mcp_servers.{name}.env_vars": list(SERVER_ENV_VARS),
         "hooks.PreToolUse": hooks["PreToolUse"],
         "hooks.Stop": hooks["Stop"],
         "hooks.SessionStart": hooks["SessionStart"],
