@@ -81,6 +81,7 @@ class SandboxInfo:
     kind: Kind
     executable: Optional[str]
     detail: str          # one line for `doctor` and error messages
+    tmpfs_size: bool = False   # bwrap understands --size (0.7+): the private tmpfs mounts get a cap
 
     @property
     def available(self) -> bool:
@@ -102,6 +103,21 @@ def _probe_bwrap(path: str) -> Optional[str]:
     return None if proc.returncode == 0 else (proc.stderr.strip() or f"exit {proc.returncode}")
 
 
+def _supports_size(path: str) -> bool:
+    try:
+        out = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "--size" in out.stdout + out.stderr
+
+
+def tmpfs_cap() -> int:
+    """Bytes each private tmpfs may hold (its pages are RAM, not counted by RLIMIT_AS): a quarter of
+    the RAM, between 1 and 16 GiB."""
+    total = default_memory_limit() or (8 << 30)
+    return int(min(max(total // 4, 1 << 30), 16 << 30))
+
+
 def detect(refresh: bool = False) -> SandboxInfo:
     """What sandbox this machine can make (cached per process)."""
     if not refresh and "info" in _CACHE:
@@ -112,7 +128,8 @@ def detect(refresh: bool = False) -> SandboxInfo:
             info = SandboxInfo("none", None, "bubblewrap (bwrap) is not installed")
         else:
             err = _probe_bwrap(exe)
-            info = (SandboxInfo("bwrap", exe, f"bubblewrap {exe}: PID/network/IPC namespaces, read-only system")
+            info = (SandboxInfo("bwrap", exe, f"bubblewrap {exe}: PID/network/IPC namespaces, read-only system",
+                                tmpfs_size=_supports_size(exe))
                     if err is None else
                     SandboxInfo("none", exe, f"bubblewrap is installed but cannot create namespaces here: {err}"))
     elif sys.platform == "darwin":
@@ -268,9 +285,13 @@ def build_command(argv: Sequence[str], *, mode: Literal["train", "eval"] = "trai
     def depth(p: str) -> int:
         return len(Path(p).parts)
 
+    size = ["--size", str(tmpfs_cap())] if info.tmpfs_size else []
     for m in dict.fromkeys(masks):
-        ops.append((depth(m), 0, ["--tmpfs", m]))
-    for p in python_paths() + [_real(p) for p in ro_binds]:
+        ops.append((depth(m), 0, [*size, "--tmpfs", m]))
+    # libraries named by the environment (CUDA under ~/ or /opt, conda) must stay visible
+    lib_dirs = [d for var in ("LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH")
+                for d in env.get(var, "").split(":") if d and os.path.isdir(d)]
+    for p in python_paths() + [_real(p) for p in ro_binds] + [_real(d) for d in lib_dirs]:
         if any(_under(p, m) for m in masks) and not any(_under(p, h) for h in hide_real) and os.path.exists(p):
             ops.append((depth(p), 1, ["--ro-bind", p, p]))
     if ws_real:
@@ -336,6 +357,8 @@ def limits(memory_bytes: Optional[int], gpu: bool = False) -> Callable[[], None]
     No RLIMIT_AS when a GPU is visible (CUDA maps far more virtual memory than it uses)."""
     def apply() -> None:
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        # no single file bigger than the biggest model we accept (disk-filling from the scratch dir)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (MAX_MODEL_BYTES, MAX_MODEL_BYTES))
         if memory_bytes and not gpu:
             resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     return apply
