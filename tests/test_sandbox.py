@@ -612,3 +612,21 @@ def test_unsafe_flag_is_on_the_experiment_commands_only_and_warns_loudly(tmp_pat
     assert code == 2 and "WARNING: --unsafe-no-sandbox" in err and "not trustworthy" in err
     assert os.environ.get(sandbox.UNSAFE_ENV) == "1"      # inherited by the agents' MCP servers
     monkeypatch.delenv(sandbox.UNSAFE_ENV, raising=False)
+
+
+def test_macos_profile_denies_network_writes_and_the_state_dir(box):
+    """The sandbox-exec profile (not executable here: its text is what CI can check)."""
+    info = sandbox.SandboxInfo("sandbox-exec", "/usr/bin/sandbox-exec", "test")
+    mount = box["ws"] / ".loopwright" / "data"
+    cmd = sandbox.build_command(["python", "train.py"], workspace=box["ws"], hide=[box["state"], mount.parent],
+                                scratch=box["scratch"], files={str(mount / "train.bin"): box["data"] / "train.bin"},
+                                info=info)
+    assert cmd[:2] == ["/usr/bin/sandbox-exec", "-p"] and cmd[-2:] == ["python", "train.py"]
+    profile = cmd[2].splitlines()
+    assert "(deny network*)" in profile and not any(l.startswith("(allow network") for l in profile)
+    assert "(deny file-write*)" in profile
+    assert f'(allow file-write* (subpath "{os.path.realpath(box["scratch"])}"))' in profile
+    deny_state = f'(deny file-read* (subpath "{os.path.realpath(box["state"])}"))'
+    allow_view = f'(allow file-read* (subpath "{mount}"))'
+    assert deny_state in profile and allow_view in profile
+    assert profile.index(allow_view) > profile.index(deny_state)     # the last matching rule wins

@@ -343,12 +343,17 @@ def _sandbox_exec_command(argv, ro_binds, rw_binds, scratch, files, workspace, h
     if scratch is not None:
         Path(scratch).mkdir(parents=True, exist_ok=True)
     pairs = files.items() if isinstance(files, Mapping) else files
-    lines = ["(version 1)", "(allow default)", "(deny network*)", "(allow network* (remote unix-socket))",
+    # no network at all, Unix sockets included (docker.sock, ssh-agent); last matching rule wins
+    lines = ["(version 1)", "(allow default)", "(deny network*)",
              "(deny file-write*)",
              '(allow file-write* (subpath "/dev") (subpath "/private/tmp") (subpath "/private/var/folders"))']
     lines += [f"(allow file-write* (subpath {_sb_quote(p)}))" for p in writable]
     lines += [f"(deny file-read* (subpath {_sb_quote(h)}))" for h in hide_real]
-    lines += [f"(allow file-read* (literal {_sb_quote(_real(src))}))" for _, src in pairs]
+    # no bind mounts here: train.py reads the copy of the train view the runner mirrors where prepare.py
+    # looks (the destinations), which lies under a hidden path
+    pairs = list(pairs)
+    lines += [f"(allow file-read* (subpath {_sb_quote(os.path.dirname(os.path.abspath(os.fspath(d))))}))"
+              for d in dict.fromkeys(os.fspath(d) for d, _ in pairs)]
     return [info.executable, "-p", "\n".join(lines), "--"] + list(argv)
 
 
