@@ -627,6 +627,6 @@ def test_macos_profile_denies_network_writes_and_the_state_dir(box):
     assert "(deny file-write*)" in profile
     assert f'(allow file-write* (subpath "{os.path.realpath(box["scratch"])}"))' in profile
     deny_state = f'(deny file-read* (subpath "{os.path.realpath(box["state"])}"))'
-    allow_view = f'(allow file-read* (subpath "{mount}"))'
+    allow_view = f'(allow file-read* (subpath "{os.path.realpath(mount)}"))'
     assert deny_state in profile and allow_view in profile
     assert profile.index(allow_view) > profile.index(deny_state)     # the last matching rule wins

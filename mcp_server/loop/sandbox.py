@@ -352,7 +352,7 @@ def _sandbox_exec_command(argv, ro_binds, rw_binds, scratch, files, workspace, h
     # no bind mounts here: train.py reads the copy of the train view the runner mirrors where prepare.py
     # looks (the destinations), which lies under a hidden path
     pairs = list(pairs)
-    lines += [f"(allow file-read* (subpath {_sb_quote(os.path.dirname(os.path.abspath(os.fspath(d))))}))"
+    lines += [f"(allow file-read* (subpath {_sb_quote(_real(os.path.dirname(os.path.abspath(os.fspath(d)))))}))"
               for d in dict.fromkeys(os.fspath(d) for d, _ in pairs)]
     return [info.executable, "-p", "\n".join(lines), "--"] + list(argv)
 
