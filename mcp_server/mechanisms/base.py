@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Optional, Protocol
+from typing import Any, Callable, Iterable, Optional, Protocol
 
 from mcp_server.mechanisms.source import CATEGORIES, category_of, changed_constants, skeleton
 
@@ -142,7 +142,7 @@ def combine(advices: list[Advice]) -> Advice:
 # The built-in mechanisms answer the same question over the typed History; `advice_from_dict`
 # turns a runtime answer into the same Advice they return, so `combine` treats all alike.
 
-ADVICE_KEYS = {"category": (str, type(None)), "parameters": list, "avoid": list, "force": bool, "note": str}
+ADVICE_KEYS: dict[str, Any] = {"category": (str, type(None)), "parameters": list, "avoid": list, "force": bool, "note": str}
 # bandit = 1, plateau = 2: a runtime opinion beats the bandit, loses a tie with plateau (listed first);
 # a forced one beats both
 RUNTIME_PRIORITY, RUNTIME_FORCED_PRIORITY = 2, 3

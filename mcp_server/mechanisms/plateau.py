@@ -7,6 +7,8 @@ constants touched least recently. Its opinion outranks the bandit's.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from mcp_server.mechanisms.base import Advice, History
 from mcp_server.mechanisms.source import CATEGORIES, tunable_constants
 
@@ -22,7 +24,7 @@ class Plateau:
 
     def advise(self, history: History, source: str) -> Advice:
         since = history.experiments_since_keep
-        details = {"experiments_since_keep": since, "k": self.k, "plateau": since >= self.k}
+        details: dict[str, Any] = {"experiments_since_keep": since, "k": self.k, "plateau": since >= self.k}
         if since < self.k:
             return Advice(self.name, details=details)
         consts = tunable_constants(source)

@@ -16,7 +16,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from mcp_server import __version__
 from mcp_server.mechanisms import validate as val
@@ -208,7 +208,7 @@ def listing(ledger) -> list[dict]:
     trials: dict[int, list[dict]] = {}
     for t in ledger.trials():
         trials.setdefault(t["mechanism_id"], []).append(t)
-    out = [{"name": n, "version": __version__, "kind": "builtin", "status": "always on", "description": d,
+    out: list[dict[str, Any]] = [{"name": n, "version": __version__, "kind": "builtin", "status": "always on", "description": d,
             "trials": []} for n, d in BUILTIN]
     for r in ledger.mechanisms():
         out.append({"name": r["name"], "version": r["version"], "kind": r["kind"], "status": r["status"],

@@ -71,7 +71,7 @@ class JiraSink:
         missing = [name for name, value in needed.items() if not value]
         if missing:
             return None, f"jira: ${' and $'.join(missing)} not set (deliveries stay pending until they are)"
-        return cls(cfg, ledger, token=token, email=email), None
+        return cls(cfg, ledger, token=token or "", email=email), None   # token is set: checked above
 
     def wants(self, kind: str) -> bool:
         return kind in self.kinds

@@ -228,7 +228,7 @@ def create_app(root_or_cfg, start_session: Optional[StartSession] = None, ledger
             _check_timestamp(ts, clock(), wh.timestamp_window_s, ts_header)
         sig = request.headers.get(sig_header)
         _check(sign(key, ts, body), sig, sig_header)
-        return body, sig
+        return body, sig or ""                   # _check refused a missing one
 
     def act(source: str, delivery_id: str, action: str, text: str) -> str:
         """Start a session (text: its detail) or record a stop request (text: the reason), once per
@@ -326,7 +326,9 @@ def create_app(root_or_cfg, start_session: Optional[StartSession] = None, ledger
             # `/approve 12`, `/reject 12 why`: the autonomy slider (approval_routes.py); replays do nothing
             if not seen.add("jira-approval", delivery):
                 return JSONResponse({"status": "duplicate"})
-            return JSONResponse(dict(approval_routes.jira_comment(ws_root, settings_now(), ledger, p, appliers)))
+            outcome = approval_routes.jira_comment(ws_root, settings_now(), ledger, p, appliers)
+            if outcome is not None:
+                return JSONResponse(dict(outcome))
         cmd, arg = _command(_str(comment, "comment.body"))
         issue = _obj(p, "issue").get("key", "?")
         who = _obj(comment, "author", "comment.author").get("displayName", "?")
