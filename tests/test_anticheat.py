@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_workspace
-from mcp_server.loop import gitops
-from mcp_server.loop import sandbox
+from mcp_server.loop import gitops, sandbox
 from mcp_server.loop.engine import Engine, LoopError
+
+from conftest import make_workspace
 
 HEADER = '''
 import os, sys, time

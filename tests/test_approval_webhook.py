@@ -8,17 +8,18 @@ import time
 from urllib.parse import urlencode
 
 import pytest
-from fakes.fake_slack import FakeSlack
 from starlette.testclient import TestClient
+from test_approvals import held_keep
 
-from conftest import make_workspace
 from mcp_server.ledger.store import Ledger
 from mcp_server.loop import approvals, gitops
 from mcp_server.loop import settings as setmod
 from mcp_server.loop.engine import Engine
 from mcp_server.notify.outbox import deliver_pending
 from mcp_server.triggers.webhook import create_app, github_signature, slack_signature
-from test_approvals import held_keep
+
+from conftest import make_workspace
+from fakes.fake_slack import FakeSlack
 
 TOKEN, SECRET, JIRA_SECRET = "xoxb-test-token", "slack-signing-secret", "jira-secret"
 ANA, EVE = "U0ANA", "U0EVE"

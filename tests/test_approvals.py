@@ -8,11 +8,12 @@ import time
 
 import pytest
 
-from conftest import make_workspace, set_constant
 from mcp_server.ledger.store import Ledger
 from mcp_server.loop import approvals, gitops
 from mcp_server.loop import settings as setmod
 from mcp_server.loop.engine import Engine
+
+from conftest import make_workspace, set_constant
 
 
 def set_setting(ws_root, key: str, value: str) -> None:
@@ -310,8 +311,9 @@ def test_the_jira_comment_says_how_to_decide():
 
 @pytest.mark.slow
 def test_approve_runs_holds_a_change_before_it_runs(tmp_path, small_corpus):
-    from e2e_support import fast_workspace
     from mcp_server.loop.status import loop_status
+
+    from e2e_support import fast_workspace
 
     root = fast_workspace(tmp_path, small_corpus, max_experiments=10)
     set_setting(root, "campaign.autonomy", "approve-runs")
@@ -382,8 +384,9 @@ def test_the_verdict_migration_keeps_every_row_index_and_link(tmp_path):
 def test_the_builtin_agent_stops_when_its_change_waits_for_a_person(tmp_path, small_corpus):
     """approve-runs with the built-in agent over MCP stdio: baseline, one change held, and the session
     ends saying why, instead of proposing change after change that nobody has looked at."""
-    from e2e_support import fast_workspace
     from mcp_server.agents.builtin import run_builtin
+
+    from e2e_support import fast_workspace
 
     root = fast_workspace(tmp_path, small_corpus, max_experiments=10)
     set_setting(root, "campaign.autonomy", "approve-runs")

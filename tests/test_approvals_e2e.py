@@ -7,12 +7,13 @@ import subprocess
 import sys
 
 import pytest
+from test_approvals import set_setting
 
-from e2e_support import REPO, experiments, git, h, seed_baseline
 from mcp_server.loop import gitops
 from mcp_server.loop.engine import Engine
+
+from e2e_support import REPO, experiments, git, h, seed_baseline
 from realclients.fake_anthropic import ToolUse
-from test_approvals import set_setting
 
 pytestmark = [pytest.mark.realclient, pytest.mark.slow]
 

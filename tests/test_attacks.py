@@ -31,11 +31,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import alive, hobbled_bench, make_workspace
-
 from mcp_server.loop import gitops, integrity, runner
 from mcp_server.loop.engine import Engine, LoopError
 from mcp_server.loop.workspace import ID_NAME, StateDirError, Workspace, state_home
+
+from conftest import alive, hobbled_bench, make_workspace
 
 BWRAP = shutil.which("bwrap")
 SANDBOXED = hasattr(runner, "sandbox")       # the runner runs train.py and the evaluator under sandbox.py
@@ -539,7 +539,6 @@ for p in paths:
 @needs_sandbox(run=False)
 def test_train_py_plants_a_pth_and_shadows_json_in_site_packages(eng, guarded, tmp_path):
     site = sysconfig.get_paths()["purelib"]
-    marker = tmp_path / "pth-ran"
     planted = [Path(site) / "zz_loopwright_attack.pth", Path(site) / "json.py"]
     try:
         res, _ = attack_run(eng, f'''

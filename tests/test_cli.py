@@ -7,11 +7,11 @@ import textwrap
 
 import pytest
 
-from conftest import make_workspace
 from mcp_server.cli import main as cli_main
 from mcp_server.cli.main import build_parser
 from mcp_server.cli.registry import COMMANDS, Command, register
 
+from conftest import make_workspace
 
 EXPECTED = {"init", "status", "export-tsv", "report", "serve", "run-experiment", "score", "revert", "budget",
             "stop", "replay", "run", "demo", "launch", "cron", "webhook", "notify", "doctor", "codex-config", "guard"}

@@ -4,12 +4,19 @@ import time
 
 import pytest
 
+from mcp_server.ledger.store import MIGRATIONS, Ledger, LedgerError
 from mcp_server.loop import budget, verdict
-from mcp_server.loop.config import (FROZEN_SECTIONS, OPERATIONAL_SECTIONS, BudgetConfig, ConfigError,
-                                    LoopwrightConfig, NoiseConfig, dump_config, parse_config)
-from mcp_server.ledger.store import Ledger, LedgerError, MIGRATIONS
+from mcp_server.loop.config import (
+    FROZEN_SECTIONS,
+    OPERATIONAL_SECTIONS,
+    BudgetConfig,
+    ConfigError,
+    LoopwrightConfig,
+    NoiseConfig,
+    dump_config,
+    parse_config,
+)
 from mcp_server.report.tsv import COLUMNS, export_tsv
-
 
 # -- config -------------------------------------------------------------------
 

@@ -20,9 +20,19 @@ from pathlib import Path
 
 import pytest
 
-from e2e_support import (REPO, clean_checkout, experiments, fast_workspace, git, h, install_codex_plugin,
-                         run_codex_with_plugins, seed_baseline)
 from mcp_server.common.facts import MCP_TOOLS
+
+from e2e_support import (
+    REPO,
+    clean_checkout,
+    experiments,
+    fast_workspace,
+    git,
+    h,
+    install_codex_plugin,
+    run_codex_with_plugins,
+    seed_baseline,
+)
 from realclients.fake_anthropic import ToolUse
 from realclients.fake_openai import ApplyPatch, FakeOpenAI, McpCall, Message
 

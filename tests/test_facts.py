@@ -9,13 +9,13 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 from mcp import Client
 
-from conftest import make_workspace
 from mcp_server.common.facts import HOOK_MATCHER, MCP_SERVER, MCP_TOOLS
 from mcp_server.common.locks import FileLock
 from mcp_server.common.procs import group_alive, kill_group, kill_group_now
+
+from conftest import make_workspace
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -11,15 +11,16 @@ import sys
 import time
 
 import pytest
-from fakes.fake_jira import FakeJira
-from fakes.fake_slack import FakeSlack
 
-from conftest import make_workspace, set_constant
 from mcp_server.loop.config import JiraConfig, SlackConfig
 from mcp_server.loop.engine import Engine, LoopError
 from mcp_server.notify.jira import JiraSink
 from mcp_server.notify.outbox import deliver_pending
 from mcp_server.notify.slack import SlackSink
+
+from conftest import make_workspace, set_constant
+from fakes.fake_jira import FakeJira
+from fakes.fake_slack import FakeSlack
 
 
 @pytest.fixture()

@@ -1,9 +1,9 @@
 """The agent may not drive the human's CLI: it could read the hidden test split or lift a stop."""
 import pytest
 
-from mcp_server.loop.config import PathsConfig
 from mcp_server.guard.policy import policy_from_config
 from mcp_server.guard.pretooluse import decide_pre_tool_use
+from mcp_server.loop.config import PathsConfig
 
 
 @pytest.fixture()

@@ -6,13 +6,14 @@ import logging
 import time
 
 import pytest
-from fakes import Fault
-from fakes.fake_jira import FakeJira
 
-from mcp_server.loop.config import JiraConfig, LoopwrightConfig
 from mcp_server.ledger.store import Ledger
+from mcp_server.loop.config import JiraConfig, LoopwrightConfig
 from mcp_server.notify.jira import JiraSink
 from mcp_server.notify.outbox import deliver_pending
+
+from fakes import Fault
+from fakes.fake_jira import FakeJira
 
 TOKEN, EMAIL = "jira-secret-token", "bot@example.com"
 KEEP = {"experiment_id": 4, "commit": "abcdef1234567890", "description": "swap GELU for SwiGLU",

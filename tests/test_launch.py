@@ -23,17 +23,17 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from e2e_support import REPO, fast_workspace, h, seed_baseline, use_environment
-from e2e_support import experiments as _experiments
-from realclients.fake_anthropic import FakeAnthropic, ToolUse
-from realclients.fake_openai import FakeOpenAI, McpCall
-
 from mcp_server.agents import launch
 from mcp_server.agents.launch import LaunchError, launch_session
 from mcp_server.common.facts import HOOK_MATCHER
 from mcp_server.loop.config import ScheduleConfig
 from mcp_server.loop.workspace import Workspace
 from mcp_server.triggers.cron import Scheduler, default_starter
+
+from e2e_support import REPO, fast_workspace, h, seed_baseline, use_environment
+from e2e_support import experiments as _experiments
+from realclients.fake_anthropic import FakeAnthropic, ToolUse
+from realclients.fake_openai import FakeOpenAI, McpCall
 
 OLD_LR, NEW_LR = "LR = 0.0002", "LR = 0.004"
 SECRET = "lw-secret-3f9c1d7e2b"

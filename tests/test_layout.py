@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "mcp_server"
 OLDEST = (3, 10)

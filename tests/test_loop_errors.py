@@ -13,10 +13,12 @@ import pytest
 from mcp import Client
 from mcp.types import LATEST_PROTOCOL_VERSION
 
-from conftest import alive as _alive, make_workspace, set_constant
 from mcp_server.loop import gitops
 from mcp_server.loop.engine import Engine
 from mcp_server.mcp.server import build_server
+
+from conftest import alive as _alive
+from conftest import make_workspace, set_constant
 
 
 @pytest.fixture()

@@ -7,14 +7,14 @@ a near-zero learning rate a real loss.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
 from mcp import Client, StdioServerParameters
 
-from conftest import hobbled_bench, make_workspace, set_constant
 from mcp_server.loop import gitops
 from mcp_server.mcp.server import build_server
+
+from conftest import hobbled_bench, make_workspace, set_constant
 
 pytestmark = pytest.mark.slow
 

@@ -1,22 +1,21 @@
 """Search mechanisms on synthetic ledgers: tabu, plateau, bandit, and the suggest_next tool."""
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
 import pytest
 
-import re
-
-from conftest import BENCH, make_workspace, set_constant
+from mcp_server.agents.builtin import set_constant as edit_constant
 from mcp_server.mechanisms import advise, near_repeat_warnings
 from mcp_server.mechanisms.bandit import Bandit, reward
 from mcp_server.mechanisms.base import Advice, History, combine, history_from_rows
 from mcp_server.mechanisms.plateau import Plateau
-from mcp_server.mechanisms.source import (DENY_RE, all_constants, category_of, constant_values, skeleton,
-                                          tunable_constants)
+from mcp_server.mechanisms.source import DENY_RE, all_constants, category_of, constant_values, skeleton, tunable_constants
 from mcp_server.mechanisms.tabu import Tabu
-from mcp_server.agents.builtin import set_constant as edit_constant
+
+from conftest import BENCH, make_workspace, set_constant
 
 # The bundled train.py with the constants these tests were written against, so retuning the
 # benchmark's defaults does not change what the synthetic ledgers mean.

@@ -5,10 +5,9 @@ import random
 
 import pytest
 
-from mcp_server.loop.config import JiraConfig, LoopwrightConfig, SlackConfig
 from mcp_server.ledger.store import Ledger
-from mcp_server.notify.outbox import (MAX_ATTEMPTS, DeliveryError, backoff_delay, build_sinks, deliver_pending,
-                                      redact)
+from mcp_server.loop.config import JiraConfig, LoopwrightConfig, SlackConfig
+from mcp_server.notify.outbox import MAX_ATTEMPTS, DeliveryError, backoff_delay, build_sinks, deliver_pending, redact
 
 T0 = 1_800_000_000.0
 

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BENCH, make_workspace
 from mcp_server.mechanisms import registry, suggest, trial, validate
 from mcp_server.mechanisms.trial import Obs, evaluate
+
+from conftest import BENCH, make_workspace
 
 TRAIN = (BENCH / "train.py").read_text()
 
@@ -265,6 +266,7 @@ def test_outer_flow_over_the_real_mcp_stdio_servers(ws):
     import anyio
     from mcp import Client
     from mcp.client.stdio import stdio_client
+
     from mcp_server.mcp.outer import OUTER_TOOLS
 
     add_rows(ws, "kddddddd")
@@ -315,8 +317,9 @@ def test_claude_code_runs_an_outer_session(tmp_path, small_corpus, monkeypatch):
     """`launch_session(level="outer")` runs the real Claude Code, driven by a scripted fake model: it
     reads the trace, proposes a mechanism that validates and activates it. The inner loop's
     suggest_next then follows its advice; after a trial window without a keep it is reverted."""
-    from e2e_support import h, use_environment
     from mcp_server.agents.launch import launch_session
+
+    from e2e_support import h, use_environment
     from realclients.fake_anthropic import FakeAnthropic, ToolUse
 
     claude = h.require_binary("claude")

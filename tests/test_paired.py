@@ -11,9 +11,10 @@ import statistics
 
 import pytest
 
-from conftest import hobbled_bench, make_workspace, set_constant
 from mcp_server.loop import verdict
 from mcp_server.loop.config import NoiseConfig
+
+from conftest import hobbled_bench, make_workspace, set_constant
 
 NOISE = NoiseConfig(baseline_seeds=2, k_sigma=2.0, min_delta=0.002, sigma_floor=0.0005, sigma_prior=0.02,
                     prior_pairs=3, retest_band=0.5, max_confirms=2)

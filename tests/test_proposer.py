@@ -3,18 +3,17 @@ from __future__ import annotations
 
 import ast
 import difflib
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-import re
+from mcp_server.agents.builtin import Planner, divisibility_constraints, moves, parse_description, satisfies, set_constant
+from mcp_server.mechanisms.source import constant_values, tunable_constants
 
 from conftest import BENCH, REPO, hobbled_bench, make_workspace
-from mcp_server.mechanisms.source import constant_values, tunable_constants
-from mcp_server.agents.builtin import (Planner, divisibility_constraints, moves, parse_description, satisfies,
-                                 set_constant)
 
 # The bundled train.py with the constants these tests were written against, so retuning the
 # benchmark's defaults does not change what the synthetic ledgers mean.
@@ -208,8 +207,8 @@ def test_progress_display_follows_the_events():
 
     from rich.console import Console
 
-    from mcp_server.cli.demo import Display, ProgressState
     from mcp_server.agents.builtin import Attempt
+    from mcp_server.cli.demo import Display, ProgressState
 
     st = ProgressState("demo", n=3)
     out = io.StringIO()

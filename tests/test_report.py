@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, make_workspace, set_constant
 from mcp_server.loop.config import LoopwrightConfig
 from mcp_server.report.writer import collect, divergence, plot_progress, render_markdown
+
+from conftest import REPO, make_workspace, set_constant
 
 CFG = LoopwrightConfig()   # noise: k_sigma 2, min_delta 0.002, sigma_floor 0.0005
 

@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from mcp_server.loop import gitops
-from mcp_server.loop import sandbox
+from mcp_server.loop import gitops, sandbox
 
 INFO = sandbox.detect()
 needs_bwrap = pytest.mark.skipif(INFO.kind != "bwrap", reason=f"no usable bubblewrap here: {INFO.detail}")
@@ -392,8 +391,9 @@ def test_fresh_workspace_repo_has_no_hooks_and_a_clean_config(tmp_path):
 
 
 def test_integrity_check_catches_and_removes_planted_git_config_and_hooks(tmp_path, small_corpus):
-    from conftest import make_workspace
     from mcp_server.loop import integrity
+
+    from conftest import make_workspace
 
     ws = make_workspace(tmp_path / "ws", small_corpus)
     pinned = gitops.root_commit(ws.root)
@@ -574,8 +574,9 @@ def test_doctor_says_which_sandbox_is_active(capsys, tmp_path, monkeypatch):
 @needs_bwrap
 def test_hard_kill_takes_every_descendant_with_it(tmp_path, small_corpus):
     """At the hard limit the runner kills the sandbox: a child in its own session stops beating."""
-    from conftest import make_workspace
     from mcp_server.loop import runner
+
+    from conftest import make_workspace
 
     ws = make_workspace(tmp_path / "ws", small_corpus, benchmark={"time_budget": 2.0, "grace_seconds": 2.0})
     (ws.root / "train.py").write_text(textwrap.dedent('''

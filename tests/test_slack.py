@@ -5,13 +5,14 @@ import logging
 import time
 
 import pytest
-from fakes import Fault
-from fakes.fake_slack import FakeSlack
 
-from mcp_server.loop.config import LoopwrightConfig, SlackConfig
 from mcp_server.ledger.store import Ledger
+from mcp_server.loop.config import LoopwrightConfig, SlackConfig
 from mcp_server.notify.outbox import deliver_pending
 from mcp_server.notify.slack import SlackSink, render
+
+from fakes import Fault
+from fakes.fake_slack import FakeSlack
 
 TOKEN = "xoxb-test-token"
 KEEP = {"experiment_id": 12, "commit": "abcdef1234567890", "description": "raise LR to 3e-3 <!channel> & warmup",
@@ -204,9 +205,10 @@ def test_missing_token_keeps_events_pending(fake, ledger):
 def test_notify_workspace_with_the_reports_plot(fake, tmp_path, monkeypatch, small_corpus):
     """`loopwright notify` end to end: settings from the state dir, the token from the environment; the
     plot defaults to the workspace's .loopwright/reports/progress.png when the payload names none."""
-    from conftest import make_workspace
     from mcp_server.loop import settings as setmod
     from mcp_server.notify.outbox import notify_workspace
+
+    from conftest import make_workspace
 
     ws = make_workspace(tmp_path / "ws", small_corpus)
     s = setmod.load(ws.settings_path)

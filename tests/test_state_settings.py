@@ -11,18 +11,16 @@ import stat
 import subprocess
 import sys
 import time
-import tomllib
-from pathlib import Path
 
 import pytest
-
-from conftest import alive, make_workspace
+import tomllib
 
 from mcp_server.loop import gitops, integrity
 from mcp_server.loop import settings as setmod
 from mcp_server.loop.engine import Engine, LoopError
-from mcp_server.loop.workspace import (ID_NAME, StateDirError, Workspace, WorkspaceError, init_workspace,
-                                       state_home)
+from mcp_server.loop.workspace import ID_NAME, StateDirError, Workspace, WorkspaceError, state_home
+
+from conftest import alive, make_workspace
 
 
 def cli(*args, cwd=None, env=None, timeout=120):
@@ -301,6 +299,7 @@ def test_kill_9_orphan_is_recovered_by_any_cli_command(ws_factory):
 def test_guard_refuses_the_state_home_with_a_reason(tmp_path, monkeypatch):
     """The guard (friendly first layer) names the external state home too: reads and writes refused."""
     import test_guard as tg
+
     from mcp_server.loop.config import LoopwrightConfig, dump_config
 
     home = tmp_path / "lwhome"

@@ -8,11 +8,10 @@ import time
 import pytest
 from starlette.testclient import TestClient
 
-from mcp_server.loop.config import LoopwrightConfig, WebhookConfig
 from mcp_server.ledger.store import Ledger
+from mcp_server.loop.config import LoopwrightConfig, WebhookConfig
 from mcp_server.triggers.common import SESSION_LOCK, SessionLock
-from mcp_server.triggers.webhook import (create_app, generic_signature, github_signature,
-                                         slack_signature)
+from mcp_server.triggers.webhook import create_app, generic_signature, github_signature, slack_signature
 
 SECRETS = {"LOOPWRIGHT_GITHUB_SECRET": "gh-secret", "SLACK_SIGNING_SECRET": "slack-secret",
            "LOOPWRIGHT_JIRA_SECRET": "jira-secret", "LOOPWRIGHT_WEBHOOK_SECRET": "hook-secret"}

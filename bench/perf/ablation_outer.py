@@ -31,6 +31,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ablation_mechanisms import bench_copy  # noqa: E402
+
 from mcp_server.agents.builtin import run_builtin  # noqa: E402
 from mcp_server.loop.workspace import Workspace, init_workspace  # noqa: E402
 

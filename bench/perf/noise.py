@@ -108,7 +108,7 @@ def main(argv=None) -> int:
         src = (BENCH / "train.py").read_text()
         (ws / "train.py").write_text(src)
         (ws / "variant.py").write_text(set_constant(src, name, value))
-        toml = [f"[benchmark]", f"time_budget = {args.budget}"]
+        toml = ["[benchmark]", f"time_budget = {args.budget}"]
         if args.clock:
             toml.append(f'clock = "{args.clock}"')
         if args.eval_tokens:

@@ -36,9 +36,9 @@ def main() -> int:
         sys.path.insert(0, str(tmp))
         import torch
         import torch.nn.functional as F
+        import train as T
 
         import prepare as P
-        import train as T
 
         torch.set_num_threads(len(os.sched_getaffinity(0)))
         torch.use_deterministic_algorithms(True)

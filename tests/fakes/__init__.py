@@ -16,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Optional
 from urllib.parse import parse_qs, urlsplit
 
+
 @dataclass
 class Fault:
     status: int = 0                 # answer with this HTTP status instead of handling the request
