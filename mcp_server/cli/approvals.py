@@ -9,6 +9,7 @@ from __future__ import annotations
 import getpass
 import os
 import sys
+from typing import Optional
 
 
 def _who(args) -> str:
@@ -38,15 +39,9 @@ def approve(args) -> int:
                   "what was approved already; `loopwright status` lists what waits", file=sys.stderr)
             return 2
     else:
-        try:
-            a, decided = approvals.decide(root, args.approval_id, True, _who(args), "cli")
-        except approvals.ApprovalError as e:
-            print(f"loopwright approve: {e}", file=sys.stderr)
-            return 2
-        if not decided:
-            print(f"approval #{a['id']} was already decided: {a['status']} by {a['decided_by']} via "
-                  f"{a['decided_via']}; nothing changed")
-            return 1
+        a, status = _decide(root, args, approve=True)
+        if a is None:
+            return status
         print(f"approval #{a['id']} approved by {a['decided_by']}")
         if a["kind"] == "run":
             print(f"the change on {a['branch']} runs at the agent's next run_experiment (train.py at the best)")
@@ -68,24 +63,34 @@ def reject_args(sp) -> None:
 
 
 def reject(args) -> int:
-    from mcp_server.loop import approvals
 
     root = _root(args)
     if not args.why.strip():
         print("loopwright reject: --why needs a reason (it is recorded with the decision)", file=sys.stderr)
         return 2
-    try:
-        a, decided = approvals.decide(root, args.approval_id, False, _who(args), "cli", args.why.strip())
-    except approvals.ApprovalError as e:
-        print(f"loopwright reject: {e}", file=sys.stderr)
-        return 2
-    if not decided:
-        print(f"approval #{a['id']} was already decided: {a['status']} by {a['decided_by']} via "
-              f"{a['decided_via']}; nothing changed")
-        return 1
+    a, status = _decide(root, args, approve=False, note=args.why.strip())
+    if a is None:
+        return status
     print(f"approval #{a['id']} rejected by {a['decided_by']}: {a['decision_note']}")
     _deliver(root)
     return 0
+
+
+def _decide(root, args, approve: bool, note: Optional[str] = None) -> tuple[Optional[dict], int]:
+    """Record the person's decision: (the approval, 0), or (None, exit status) when nothing was decided."""
+    from mcp_server.loop import approvals
+
+    extra = () if note is None else (note,)
+    try:
+        a, decided = approvals.decide(root, args.approval_id, approve, _who(args), "cli", *extra)
+    except approvals.ApprovalError as e:
+        print(f"loopwright {'approve' if approve else 'reject'}: {e}", file=sys.stderr)
+        return None, 2
+    if not decided:
+        print(f"approval #{a['id']} was already decided: {a['status']} by {a['decided_by']} via "
+              f"{a['decided_via']}; nothing changed")
+        return None, 1
+    return a, 0
 
 
 def _deliver(root) -> None:
