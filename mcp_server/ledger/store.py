@@ -540,10 +540,14 @@ class Ledger:
         if kind is not None:
             sql += " AND kind=?"
             args.append(kind)
+        return self._with_payload(sql, args)
+
+    def _with_payload(self, sql: str, args: list) -> list[dict]:
+        """The rows in id order, their JSON payload decoded (payload columns are NOT NULL)."""
         out = []
         for r in self.conn.execute(sql + " ORDER BY id", args):
             d = dict(r)
-            d["payload"] = json.loads(d["payload"])
+            d["payload"] = json.loads(d["payload"] or "{}")
             out.append(d)
         return out
 
@@ -761,12 +765,7 @@ class Ledger:
         if kind is not None:
             sql += " AND kind=?"
             args.append(kind)
-        out = []
-        for r in self.conn.execute(sql + " ORDER BY id", args):
-            d = dict(r)
-            d["payload"] = json.loads(d["payload"] or "{}")
-            out.append(d)
-        return out
+        return self._with_payload(sql, args)
 
     def decide_approval(self, approval_id: int, status: str, who: str, via: str, note: Optional[str] = None,
                         at: Optional[float] = None) -> bool:
