@@ -148,10 +148,8 @@ def summarise(runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--repeats", type=int, default=8, help="campaign pairs (>= 8 for a meaningful paired test)")
-    p.add_argument("-n", type=int, default=10, help="experiments per campaign (after the baseline)")
+def add_campaign_args(p: argparse.ArgumentParser) -> None:
+    """The benchmark-copy and campaign options both ablations take."""
     p.add_argument("--time-budget", type=float, default=60.0, help="training seconds per experiment (a cap)")
     p.add_argument("--steps", type=int, default=20, help="MAX_STEPS of the benchmark copy (0 = time-bounded)")
     p.add_argument("--batch", type=int, default=8, help="starting BATCH_SIZE of the benchmark copy")
@@ -161,6 +159,27 @@ def main() -> int:
     p.add_argument("--corpus", default="stdlib")
     p.add_argument("--out", type=Path, default=None, help="write every campaign's figures as JSON here")
     p.add_argument("--keep-workspaces", action="store_true")
+
+
+def run_arms(tmp: Path, args, arms, campaign, runs: list) -> None:
+    """args.repeats rounds of one campaign per arm, interleaved; figures saved after each (--out)."""
+    try:
+        for r in range(args.repeats):
+            for arm in arms:
+                runs.append(campaign(tmp, args, arm, r))
+                if args.out:
+                    args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
+                                                    "runs": runs}, indent=2))
+    finally:
+        if not args.keep_workspaces:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--repeats", type=int, default=8, help="campaign pairs (>= 8 for a meaningful paired test)")
+    p.add_argument("-n", type=int, default=10, help="experiments per campaign (after the baseline)")
+    add_campaign_args(p)
     args = p.parse_args()
     if args.repeats < 1 or args.n < 1:
         p.error("--repeats and -n must be >= 1")
@@ -170,16 +189,7 @@ def main() -> int:
     t0 = time.monotonic()
     print(f"ablation: {args.repeats} repeats x 2 arms, {args.n} experiments each, time budget {args.time_budget} s, "
           f"MAX_STEPS {args.steps}, workspaces under {tmp}", flush=True)
-    try:
-        for r in range(args.repeats):
-            for mech in (False, True):
-                runs.append(campaign(tmp, args, mech, r))
-                if args.out:
-                    args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                                    "runs": runs}, indent=2))
-    finally:
-        if not args.keep_workspaces:
-            shutil.rmtree(tmp, ignore_errors=True)
+    run_arms(tmp, args, (False, True), campaign, runs)
     print(f"\n{summarise(runs)}\n\ntotal {time.monotonic() - t0:.0f} s")
     return 0
 

@@ -17,9 +17,7 @@ difference against the fixed built-in arm. The benchmark copy, MAX_STEPS pinning
 are those of ablation_mechanisms.py (see its docstring).
 """
 import argparse
-import json
 import os
-import shutil
 import statistics
 import sys
 import tempfile
@@ -30,7 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ablation_mechanisms import bench_copy  # noqa: E402
+from ablation_mechanisms import add_campaign_args, bench_copy, run_arms  # noqa: E402
 
 from mcp_server.agents.builtin import run_builtin  # noqa: E402
 from mcp_server.loop.workspace import Workspace, init_workspace  # noqa: E402
@@ -107,16 +105,8 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("-n", type=int, default=12, help="experiments per campaign (after the baseline)")
     p.add_argument("--window", type=int, default=4, help="trial window of the outer loop, in experiments")
-    p.add_argument("--time-budget", type=float, default=60.0, help="training seconds per experiment (a cap)")
-    p.add_argument("--steps", type=int, default=20, help="MAX_STEPS of the benchmark copy (0 = time-bounded)")
-    p.add_argument("--batch", type=int, default=8, help="starting BATCH_SIZE of the benchmark copy")
-    p.add_argument("--threads", type=int, default=1, help="torch threads of the benchmark copy (0 = as written)")
-    p.add_argument("--eval-tokens", type=int, default=8192)
-    p.add_argument("--baseline-seeds", type=int, default=2)
-    p.add_argument("--corpus", default="stdlib")
     p.add_argument("--arms", default="none,builtin,outer", help="comma-separated subset of none,builtin,outer")
-    p.add_argument("--out", type=Path, default=None, help="write every campaign's figures as JSON here")
-    p.add_argument("--keep-workspaces", action="store_true")
+    add_campaign_args(p)
     args = p.parse_args()
     arms = [a for a in args.arms.split(",") if a]
     if args.repeats < 1 or args.n < 1 or args.window < 2 or not set(arms) <= {a for a, _ in ARMS}:
@@ -129,16 +119,7 @@ def main() -> int:
     t0 = time.monotonic()
     print(f"outer-loop ablation: {args.repeats} repeats x {len(arms)} arms, {args.n} experiments each, window "
           f"{args.window}, MAX_STEPS {args.steps}, workspaces under {tmp}", flush=True)
-    try:
-        for r in range(args.repeats):
-            for arm in arms:
-                runs.append(campaign(tmp, args, arm, r))
-                if args.out:
-                    args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                                    "runs": runs}, indent=2))
-    finally:
-        if not args.keep_workspaces:
-            shutil.rmtree(tmp, ignore_errors=True)
+    run_arms(tmp, args, arms, campaign, runs)
     print(f"\n{summarise(runs)}\n\ntotal {time.monotonic() - t0:.0f} s")
     return 0
 
