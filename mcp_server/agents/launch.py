@@ -498,7 +498,8 @@ def launch_session(root: Path | str, agent: str, trigger: str = "manual", detail
         from mcp_server.agents import clients
 
         with ws.ledger() as ledger:
-            started_at = ledger.session(sid)["started_at"]
+            row = ledger.session(sid)
+        started_at = row["started_at"] if row else 0.0        # the session was recorded above
         if not clients.hooks_ran_since(ws.root, started_at):
             start_detail["hooks_never_ran"] = True
             print(f"loopwright launch: session {sid}: {clients.HOOKS_NEVER_RAN}", file=sys.stderr)

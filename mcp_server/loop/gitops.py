@@ -163,7 +163,7 @@ def _matches(path: str, patterns: Iterable[str]) -> bool:
 def changed_paths(root: Path) -> tuple[list[str], list[str]]:
     """(modified/deleted tracked paths, untracked paths), relative to the root."""
     r = repo(root)
-    tracked = sorted({d.a_path for d in r.index.diff(None)} | {d.a_path for d in r.index.diff("HEAD")})
+    tracked = sorted({d.a_path for d in r.index.diff(None) if d.a_path} | {d.a_path for d in r.index.diff("HEAD") if d.a_path})
     untracked = sorted(r.untracked_files)
     return tracked, untracked
 

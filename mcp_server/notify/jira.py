@@ -175,8 +175,8 @@ class JiraSink:
             retry_after = None
             if status == 429:
                 try:
-                    retry_after = float(e.response.headers.get("Retry-After", 30))
-                except (AttributeError, TypeError, ValueError):
+                    retry_after = float(e.response.headers.get("Retry-After", 30))  # type: ignore[union-attr]
+                except (AttributeError, TypeError, ValueError):   # no response: the default
                     retry_after = 30.0
             msg = f"Jira HTTP {status} {e.url or ''}: {str(e.text or '')[:300]}"
             return DeliveryError(redact(msg, secrets_), sink_wide=status in (0, 401, 403) or status >= 500,
