@@ -73,7 +73,7 @@ def propose(engine, name: str, code: str, rationale: str = "", author: str = "",
             history: Optional[History] = None) -> ProposeResult:
     """Validate `code` (static checks, a sandboxed run on synthetic and the recorded history) and
     install it as the next version of `name`: validated, or rejected with the reason."""
-    from mcp_server.mechanisms import history_from_engine
+    from mcp_server.mechanisms.history import history_from_engine
 
     if name in dict(BUILTIN):
         raise MechanismError(f"{name!r} is a built-in mechanism; choose another name")

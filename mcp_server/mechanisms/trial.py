@@ -127,7 +127,7 @@ def tick(engine, history=None) -> Optional[Decision]:
     if not running:
         return None
     t = running[0]
-    from mcp_server.mechanisms import history_from_engine
+    from mcp_server.mechanisms.history import history_from_engine
     history = history or history_from_engine(engine)
     obs = observations(history, engine.ledger.experiments(c["id"]))
     during = [o for o in obs if o.id > t["start_experiment_id"]][: t["window"]]
