@@ -1,6 +1,6 @@
 """Noise of the bundled GPT benchmark: unpaired vs paired, and what it means per experiment.
 
-    python bench/perf/noise.py                         # 4 seeds, WARMDOWN_FRAC 0.4 -> 0.2, ~10 min on 2 idle cores
+    python bench/perf/noise.py                         # 4 seeds, WARMDOWN_FRAC 0.2 -> 0.4, ~10 min on 2 idle cores
     python bench/perf/noise.py --seeds 6 --variant LR=0.006 --budget 30 --clock steps
 
 It runs the baseline train.py and a small variant of it (one constant changed)
@@ -83,7 +83,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, default=4, help="seeds 1..N for each arm (default 4)")
     p.add_argument("--first-seed", type=int, default=1, help="start at this seed (more pairs in a second run)")
-    p.add_argument("--variant", default="WARMDOWN_FRAC=0.2", help="NAME=VALUE: the small change (default %(default)s)")
+    p.add_argument("--variant", default="WARMDOWN_FRAC=0.4", help="NAME=VALUE: the small change (default %(default)s)")
     p.add_argument("--budget", type=float, default=30.0, help="[benchmark] time_budget (the demo's: 30)")
     p.add_argument("--clock", default=None, help="[benchmark] clock (default: prepare.py's, auto)")
     p.add_argument("--eval-tokens", type=int, default=None, help="[benchmark] eval_tokens (default: prepare.py's)")
