@@ -12,7 +12,7 @@ from starlette.testclient import TestClient
 from test_approvals import held_keep
 
 from mcp_server.ledger.store import Ledger
-from mcp_server.loop import approvals, gitops
+from mcp_server.loop import approvals, decisions, gitops
 from mcp_server.loop import settings as setmod
 from mcp_server.loop.engine import Engine
 from mcp_server.notify.outbox import deliver_pending
@@ -160,7 +160,7 @@ def test_timeout_then_a_late_click(env):
 
 
 def test_a_cli_decision_updates_the_slack_message_through_the_outbox(env):
-    approvals.decide(env.ws.root, 1, True, "ana", "cli")
+    decisions.decide(env.ws.root, 1, True, "ana", "cli")
     with Ledger(env.ws.state_dir / "state.db") as led:
         assert deliver_pending(led, env.ws.cfg, env={"SLACK_BOT_TOKEN": TOKEN}).delivered == 1
     [m] = [m for m in env.fake.messages if m.get("edited")]

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from mcp_server.ledger.store import Ledger
-from mcp_server.loop import approvals, gitops
+from mcp_server.loop import approvals, decisions, gitops
 from mcp_server.loop import settings as setmod
 from mcp_server.loop.engine import Engine
 
@@ -80,11 +80,11 @@ def test_keep_waits_on_its_branch_and_the_best_does_not_move(ws):
 
 def test_approve_applies_once_and_records_who(ws):
     exp, _, best_before = held_keep(ws)
-    a, decided = approvals.decide(ws.root, 1, True, "ana", "cli")
+    a, decided = decisions.decide(ws.root, 1, True, "ana", "cli")
     assert decided and a["status"] == "approved" and a["decided_by"] == "ana" and a["decided_via"] == "cli"
-    assert approvals.apply_approved(ws.root) == [f"#1: applied: the best is now {exp['commit_sha'][:10]}"]
+    assert decisions.apply_approved(ws.root) == [f"#1: applied: the best is now {exp['commit_sha'][:10]}"]
     # a second decision (a double click, a late reject) changes nothing
-    a2, decided2 = approvals.decide(ws.root, 1, False, "bob", "slack", "changed my mind")
+    a2, decided2 = decisions.decide(ws.root, 1, False, "bob", "slack", "changed my mind")
     assert not decided2 and a2["decided_by"] == "ana" and a2["status"] == "applied"
     with Engine(ws.root) as eng:
         c = eng.campaign
@@ -99,9 +99,9 @@ def test_approve_applies_once_and_records_who(ws):
 
 def test_reject_discards_and_the_branch_stays(ws):
     exp, _, best_before = held_keep(ws)
-    a, decided = approvals.decide(ws.root, 1, False, "ana", "cli", "overfits the val split")
+    a, decided = decisions.decide(ws.root, 1, False, "ana", "cli", "overfits the val split")
     assert decided and a["status"] == "rejected" and a["decision_note"] == "overfits the val split"
-    assert approvals.apply_approved(ws.root) == []
+    assert decisions.apply_approved(ws.root) == []
     with Engine(ws.root) as eng:
         assert eng.campaign["best_commit"] == best_before
         row = eng.ledger.experiment(exp["id"])
@@ -117,7 +117,7 @@ def test_timeout_rejects_as_timeout(ws):
         assert a["status"] == "expired" and a["decided_by"] == "timeout"
         assert eng.ledger.experiment(exp["id"])["verdict"] == "discard"
     # a person's approval after the timeout decides nothing
-    a, decided = approvals.decide(ws.root, 1, True, "ana", "cli")
+    a, decided = decisions.decide(ws.root, 1, True, "ana", "cli")
     assert not decided and a["status"] == "expired"
     with Engine(ws.root) as eng:
         assert eng.campaign["best_commit"] == best_before
@@ -127,8 +127,8 @@ def test_agent_edit_survives_an_applied_approval(ws):
     exp, _, best_before = held_keep(ws, lr="0.005")
     train = ws.root / "train.py"
     set_constant(train, "DEPTH", "3")          # the agent works on the next idea meanwhile
-    approvals.decide(ws.root, 1, True, "ana", "cli")
-    assert approvals.apply_approved(ws.root)[0].startswith("#1: applied")
+    decisions.decide(ws.root, 1, True, "ana", "cli")
+    assert decisions.apply_approved(ws.root)[0].startswith("#1: applied")
     src = train.read_text()
     assert "LR = 0.005" in src and "DEPTH = 3" in src      # both: the approved change and the agent's edit
     assert gitops.head_sha(ws.root) == exp["commit_sha"]
@@ -144,10 +144,10 @@ def test_closed_mode_keeps_at_once(ws):
 
 def test_unknown_approval_and_nameless_decision(ws):
     with pytest.raises(approvals.ApprovalError, match="no approval #7"):
-        approvals.decide(ws.root, 7, True, "ana", "cli")
+        decisions.decide(ws.root, 7, True, "ana", "cli")
     held_keep(ws)
     with pytest.raises(approvals.ApprovalError, match="who decides"):
-        approvals.decide(ws.root, 1, True, "  ", "cli")
+        decisions.decide(ws.root, 1, True, "  ", "cli")
 
 
 def test_the_agent_may_stop_when_enough_keeps_wait(ws):
@@ -165,7 +165,7 @@ def test_the_agent_may_stop_when_enough_keeps_wait(ws):
 
     summary = session_summary(ws.root)                     # a new session is told what waits
     assert "Waiting for a person (autonomy approve-keeps): #1 pending" in summary and "#2 pending" in summary
-    approvals.decide(ws.root, 2, False, "ana", "cli", "no")
+    decisions.decide(ws.root, 2, False, "ana", "cli", "no")
     assert loop_status(ws.root)["should_stop"] is False
 
 
@@ -237,11 +237,11 @@ def test_an_approved_change_behind_the_best_is_remeasured_on_it(tmp_path, small_
         eng.ledger.update_experiment(b, commit_sha=sha, source_sha=eng._sha(eng._editable_source()))
         assert eng.score(b).verdict == "pending_approval"
         a_commit = eng.ledger.experiment(a.experiment_id)["commit_sha"]
-    approvals.decide(w.root, 1, True, "ana", "cli")
-    assert approvals.apply_approved(w.root)[0].startswith("#1: applied")
+    decisions.decide(w.root, 1, True, "ana", "cli")
+    assert decisions.apply_approved(w.root)[0].startswith("#1: applied")
     set_constant(train, "DEPTH", "3")                      # the agent's uncommitted next idea
-    approvals.decide(w.root, 2, True, "ana", "cli")
-    [line] = approvals.apply_approved(w.root)
+    decisions.decide(w.root, 2, True, "ana", "cli")
+    [line] = decisions.apply_approved(w.root)
     with Engine(w.root) as eng:
         ap = eng.ledger.approval(2)
         assert ap["status"] in ("stale", "applied"), (line, ap)
@@ -266,8 +266,8 @@ def test_an_approved_change_that_no_longer_merges_is_a_conflict(ws):
         eid = fake_candidate(eng, 1.7, lr="0.006", desc="b")
         assert eng.score(eid).verdict == "pending_approval"
     for aid in (1, 2):
-        approvals.decide(ws.root, aid, True, "ana", "cli")
-    lines = approvals.apply_approved(ws.root)
+        decisions.decide(ws.root, aid, True, "ana", "cli")
+    lines = decisions.apply_approved(ws.root)
     assert lines[0].startswith("#1: applied") and lines[1].startswith("#2: conflict"), lines
     with Engine(ws.root) as eng:
         assert eng.ledger.approval(2)["status"] == "conflict"
@@ -335,7 +335,7 @@ def test_approve_runs_holds_a_change_before_it_runs(tmp_path, small_corpus):
         assert eng.run_experiment("again").approval_id == 1 and len(eng.ledger.approvals()) == 1
     st = loop_status(root)                                   # nothing to do but wait: the agent may stop
     assert st["should_stop"] is True and "wait for a person" in st["reason"]
-    approvals.decide(root, 1, True, "ana", "cli")
+    decisions.decide(root, 1, True, "ana", "cli")
     assert loop_status(root)["should_stop"] is False
     with Engine(root) as eng:                                # train.py at the best: the approved change runs
         res = eng.run_experiment("approved: normal learning rate")
@@ -403,7 +403,7 @@ def test_a_deferred_approval_is_applied_by_the_next_run(ws):
     """Approved while the loop was busy (recorded only): the agent's next run_experiment applies it first,
     under the loop's lock, and the agent's edit is then built on the new best."""
     exp, _, best_before = held_keep(ws, lr="0.005")
-    approvals.decide(ws.root, 1, True, "ana", "cli")          # `loopwright approve 1 --no-apply`
+    decisions.decide(ws.root, 1, True, "ana", "cli")          # `loopwright approve 1 --no-apply`
     set_constant(ws.root / "train.py", "DEPTH", "3")           # the agent's next idea
     with Engine(ws.root) as eng:
         c = eng.campaign

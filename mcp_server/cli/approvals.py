@@ -30,7 +30,7 @@ def approve_args(sp) -> None:
 
 
 def approve(args) -> int:
-    from mcp_server.loop import approvals
+    from mcp_server.loop import decisions
 
     root = _root(args)
     if args.approval_id is None:
@@ -47,7 +47,7 @@ def approve(args) -> int:
             print(f"the change on {a['branch']} runs at the agent's next run_experiment (train.py at the best)")
         if args.no_apply:
             return 0
-    lines = approvals.apply_approved(
+    lines = decisions.apply_approved(
         root, on_progress=lambda s, loss, e, r: print(f"re-measure: step {s} loss {loss:.4f} {r:.0f}s left",
                                                       file=sys.stderr))
     for line in lines:
@@ -78,11 +78,11 @@ def reject(args) -> int:
 
 def _decide(root, args, approve: bool, note: Optional[str] = None) -> tuple[Optional[dict], int]:
     """Record the person's decision: (the approval, 0), or (None, exit status) when nothing was decided."""
-    from mcp_server.loop import approvals
+    from mcp_server.loop import approvals, decisions
 
     extra = () if note is None else (note,)
     try:
-        a, decided = approvals.decide(root, args.approval_id, approve, _who(args), "cli", *extra)
+        a, decided = decisions.decide(root, args.approval_id, approve, _who(args), "cli", *extra)
     except approvals.ApprovalError as e:
         print(f"loopwright {'approve' if approve else 'reject'}: {e}", file=sys.stderr)
         return None, 2

@@ -15,7 +15,7 @@ import threading
 from typing import Mapping, Optional
 from urllib.parse import parse_qs
 
-from mcp_server.loop import approvals
+from mcp_server.loop import approvals, decisions
 from mcp_server.notify import approval_blocks
 from mcp_server.notify.events import ledger_uid
 
@@ -31,7 +31,7 @@ class Outcome(dict):
 def _apply_in_background(root, threads: list) -> None:
     def run():
         try:
-            for line in approvals.apply_approved(root):
+            for line in decisions.apply_approved(root):
                 log.info("approval: %s", line)
         except Exception:
             log.exception("applying approved changes failed; `loopwright approve --apply` retries")
@@ -65,7 +65,7 @@ def slack_interaction(root, cfg, ledger, body: bytes, env: Mapping[str, str], th
                        reason=f"Slack user {user or '?'} is not in [campaign] slack_approvers")
     approve = action["action_id"] == approval_blocks.APPROVE
     try:
-        a, decided = approvals.decide(root, aid, approve, f"slack:{user}", "slack",
+        a, decided = decisions.decide(root, aid, approve, f"slack:{user}", "slack",
                                       None if approve else "rejected in Slack")
     except approvals.ApprovalError as e:
         return Outcome(status="ignored", reason=str(e))
@@ -122,7 +122,7 @@ def jira_comment(root, cfg, ledger, payload: dict, threads: list) -> Optional[Ou
                        reason=f"Jira user {author.get('displayName') or '?'} is not in [campaign] jira_approvers")
     who = f"jira:{author.get('accountId') or author.get('name') or author.get('emailAddress')}"
     try:
-        a, decided = approvals.decide(root, aid, verb == "approve", who, "jira", why or None)
+        a, decided = decisions.decide(root, aid, verb == "approve", who, "jira", why or None)
     except approvals.ApprovalError as e:
         return Outcome(status="ignored", reason=str(e))
     if decided and verb == "approve":
