@@ -79,7 +79,7 @@ def set_constant(path: Path, name: str, value: str) -> None:
 
 
 def make_workspace(tmp: Path, corpus: Path, tag: str = "t", bench_dir: Path | None = None, **overrides):
-    from mcp_server.loop.workspace import init_workspace
+    from mcp_server.loop.setup import init_workspace
 
     cfg = {k: dict(v) for k, v in FAST.items()}
     for section, values in overrides.items():

@@ -211,7 +211,7 @@ def test_install_lines():
 
 def test_sigterm_stops_the_daemon_cleanly(tmp_path):
     from mcp_server.loop import settings as setmod
-    from mcp_server.loop.workspace import _write_id, create_state_dir
+    from mcp_server.loop.setup import _write_id, create_state_dir
 
     ws = tmp_path / "ws"
     (ws / ".git").mkdir(parents=True)

@@ -189,9 +189,6 @@ def test_cycle_finder_finds_a_planted_cycle():
     assert cycles(graph) == [["a", "b", "c"]]
 
 
-@pytest.mark.xfail(reason="cycles left on main at 20:26 UTC, being removed: loop.integrity <-> loop.workspace "
-                          "(workspace imports integrity inside functions), loop.engine <-> loop.approvals "
-                          "(approvals imports the engine inside functions)", strict=False)
 def test_no_import_cycles_in_the_package():
     graph = import_graph()
     assert "mcp_server.loop.engine" in graph["mcp_server.mcp.server"]    # the graph sees real imports

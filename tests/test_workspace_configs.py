@@ -5,7 +5,7 @@ from pathlib import Path
 import tomllib
 
 from mcp_server.common.facts import HOOK_MATCHER
-from mcp_server.loop.workspace import client_configs
+from mcp_server.loop.setup import client_configs
 
 REPO = Path(__file__).resolve().parent.parent
 

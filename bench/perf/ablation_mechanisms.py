@@ -41,7 +41,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from mcp_server.agents.builtin import run_builtin, set_constant  # noqa: E402
-from mcp_server.loop.workspace import bench_source_dir, init_workspace  # noqa: E402
+from mcp_server.loop.setup import init_workspace  # noqa: E402
+from mcp_server.loop.workspace import bench_source_dir  # noqa: E402
 
 
 def bench_copy(dest: Path, steps: int, batch: int | None, threads: int) -> Path:

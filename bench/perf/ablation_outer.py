@@ -31,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ablation_mechanisms import add_campaign_args, bench_copy, run_arms  # noqa: E402
 
 from mcp_server.agents.builtin import run_builtin  # noqa: E402
-from mcp_server.loop.workspace import Workspace, init_workspace  # noqa: E402
+from mcp_server.loop.setup import init_workspace  # noqa: E402
+from mcp_server.loop.workspace import Workspace  # noqa: E402
 
 ARMS = (("none", "Built-in agent, no mechanisms"),
         ("builtin", "Built-in agent + fixed built-in mechanisms (tabu, plateau, bandit)"),

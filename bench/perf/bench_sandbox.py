@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from mcp_server.loop import runner, sandbox  # noqa: E402
-from mcp_server.loop.workspace import init_workspace  # noqa: E402
+from mcp_server.loop.setup import init_workspace  # noqa: E402
 
 
 def small_corpus(dest: Path, max_bytes: int = 2_000_000) -> Path:

@@ -208,7 +208,7 @@ def run_demo(directory: Optional[Path | str] = None, time_budget: float = DEMO_T
              console: Optional[Console] = None, live: Optional[bool] = None) -> DemoResult:
     from mcp_server.agents.builtin import run_builtin
     from mcp_server.loop.config import CONFIG_NAME
-    from mcp_server.loop.workspace import init_workspace
+    from mcp_server.loop.setup import init_workspace
     from mcp_server.report.writer import write_report
 
     if n < 1:

@@ -113,7 +113,8 @@ def migrate_args(p) -> None:
 
 
 def migrate(args) -> int:
-    from mcp_server.loop.workspace import WorkspaceError, migrate_workspace, relink_workspace
+    from mcp_server.loop.setup import migrate_workspace, relink_workspace
+    from mcp_server.loop.workspace import WorkspaceError
 
     root = Path(getattr(args, "workspace", None) or os.environ.get("LOOPWRIGHT_WORKSPACE") or Path.cwd())
     try:

@@ -24,7 +24,7 @@ def init_args(sp) -> None:
 
 def init(args) -> int:
     from mcp_server.loop.budget import check_time_budget
-    from mcp_server.loop.workspace import init_workspace
+    from mcp_server.loop.setup import init_workspace
 
     try:
         check_time_budget(args.time_budget)

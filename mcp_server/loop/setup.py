@@ -1,0 +1,346 @@
+"""Making workspaces: init (the pinned commit, the state directory, the first campaign), migrating an
+old in-workspace layout, relinking a moved workspace. Above workspace.py and integrity.py, which it uses."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Mapping, Optional
+
+from mcp_server.common.locks import FileLock
+from mcp_server.ledger.store import Ledger
+from mcp_server.loop import config as cfgmod
+from mcp_server.loop import gitops, integrity
+from mcp_server.loop import settings as setmod
+from mcp_server.loop.workspace import (
+    BENCH_FILES,
+    ID_NAME,
+    LOCK_NAME,
+    StateDirError,
+    Workspace,
+    WorkspaceError,
+    _inside,
+    _make_private_dir,
+    bench_source_dir,
+    check_state_dir,
+    data_hashes,
+    lock_workspace_id,
+    old_layout,
+    prepare_data,
+    read_record,
+    sinks_for,
+    state_dir_for,
+    state_home,
+    write_record,
+)
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+
+
+def agent_pointer(kind: str) -> str:
+    who = "Claude Code" if kind == "claude" else "Codex"
+    return (f"# loopwright workspace ({who})\n\n"
+            "Read `program.md` first and follow it on every run: it is the spec of this research loop.\n\n"
+            "- Only `train.py` may be edited. `prepare.py`, `loopwright.toml`, the data and `.loopwright/` are "
+            "frozen and guarded.\n"
+            "- Work through the loopwright MCP tools: `state_read`, `run_experiment`, `score`, `revert`, "
+            "`budget_check`, `note`, `suggest_next`.\n"
+            "- Never stop to ask whether to continue: the loop runs until `budget_check` says should_stop.\n")
+
+
+def client_configs(root: Path, python: str, state_dir: Optional[Path] = None,
+                   wiring: str | Mapping[str, str] = "workspace") -> dict[str, str]:
+    """The client files a workspace carries for `wiring` (agents/clients.py is their one home)."""
+    from mcp_server.agents import clients
+
+    return clients.workspace_files(root, python, state_dir, wiring)
+
+
+def init_workspace(directory: Path | str, tag: str = "main", corpus: str = "stdlib",
+                   time_budget: Optional[float] = None, force: bool = False,
+                   overrides: Optional[dict] = None, bench_dir: Optional[Path] = None,
+                   wiring: str | Mapping[str, str] = "workspace") -> Workspace:
+    """Create a workspace (or a new campaign in an existing one) and return it.
+
+    `bench_dir` holds prepare.py, train.py and program.md (default: the bundled GPT benchmark).
+
+    Refuses an existing tag, and a dirty or foreign repository unless force=True.
+    """
+    root = Path(directory).expanduser().resolve()
+    cfgmod.CampaignConfig(tag=tag)  # validates the tag early, with a clear message
+    existing = (root / cfgmod.CONFIG_NAME).is_file()
+    if existing:
+        return _new_campaign(Workspace.open(root), tag, force)
+
+    src = Path(bench_dir) if bench_dir else bench_source_dir()
+    missing = [f for f in BENCH_FILES if not (src / f).is_file()]
+    if missing:
+        raise WorkspaceError(f"benchmark folder {src} lacks {', '.join(missing)}")
+    if corpus not in ("stdlib", "tinystories", "climbmix"):
+        if not Path(corpus).expanduser().exists():
+            raise WorkspaceError(f"--corpus {corpus!r}: no such file or folder; use stdlib, tinystories, climbmix "
+                                 "or a path to text files")
+        corpus = str(Path(corpus).expanduser().resolve())
+    fresh = not root.exists() or not any(root.iterdir())
+    if not fresh:
+        if (root / ".git").exists() and not force:
+            raise WorkspaceError(f"{root} is an existing git repository that is not a loopwright workspace; "
+                                 "choose an empty directory, or pass --force to add a workspace to it")
+        if not force:
+            raise WorkspaceError(f"{root} is not empty; choose a new directory or pass --force")
+        if (root / ".git").exists() and gitops.is_dirty(root):
+            raise WorkspaceError(f"{root} has uncommitted changes; commit or stash them first")
+    existed = root.exists()
+    try:
+        return _create(root, src, tag, corpus, time_budget, overrides, wiring)
+    except BaseException:
+        # A half-made workspace would block the next `init`: remove what this call created.
+        if fresh:
+            shutil.rmtree(root, ignore_errors=True)
+            if existed:
+                root.mkdir(parents=True, exist_ok=True)
+        raise
+
+
+def _new_id(root: Path) -> str:
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", root.name).strip("-.")[:40] or "ws"
+    return f"{slug}-{secrets.token_hex(6)}"
+
+
+def create_state_dir(root: Path, workspace_id: Optional[str] = None) -> tuple[str, Path]:
+    """Make a fresh private state directory for the workspace at `root`; returns (id, path)."""
+    home = state_home()
+    _inside_ws = _inside(home, root.resolve())
+    if _inside_ws:
+        raise StateDirError(f"LOOPWRIGHT_HOME={home} is inside the workspace {root}; the loop's state must live "
+                            "outside it (the agent can write the workspace)")
+    for d in (home, home / "workspaces"):
+        if not d.exists():
+            _make_private_dir(d)
+    wid = workspace_id or _new_id(root)
+    state = state_dir_for(wid)
+    state.mkdir(mode=0o700)          # never reuse an existing one
+    os.chmod(state, 0o700)
+    check_state_dir(state, root)
+    write_record(state, {"id": wid, "root": str(root.resolve()), "pinned_commit": None, "uid": os.geteuid(),
+                         "created_at": time.time(), "layout": 2})
+    return wid, state
+
+
+def _write_id(root: Path, wid: str) -> None:
+    _write(root / ".loopwright" / ID_NAME, wid + "\n")
+
+
+def _create(root: Path, src: Path, tag: str, corpus: str, time_budget: Optional[float],
+            overrides: Optional[dict], wiring: str | Mapping[str, str] = "workspace") -> Workspace:
+    root.mkdir(parents=True, exist_ok=True)
+    wid, state = create_state_dir(root)
+    try:
+        return _create_in(root, state, wid, src, tag, corpus, time_budget, overrides, wiring)
+    except BaseException:
+        shutil.rmtree(state, ignore_errors=True)
+        raise
+
+
+def _create_in(root: Path, state: Path, wid: str, src: Path, tag: str, corpus: str, time_budget: Optional[float],
+               overrides: Optional[dict], wiring: str | Mapping[str, str] = "workspace") -> Workspace:
+    for name in BENCH_FILES:
+        shutil.copyfile(src / name, root / name)
+
+    data: dict = {"campaign": {"tag": tag}, "benchmark": {"corpus": corpus}}
+    if time_budget is not None:
+        data["benchmark"]["time_budget"] = float(time_budget)
+    for section, values in (overrides or {}).items():
+        if isinstance(values, dict):
+            data.setdefault(section, {}).update(values)
+        else:
+            data[section] = values
+    cfg = cfgmod.LoopwrightConfig.model_validate(data)
+    # Operational settings go to the state directory, the frozen ones to the workspace.
+    setmod.save(state / setmod.SETTINGS_NAME, setmod.validate(
+        {k: v for k, v in cfg.model_dump(mode="json", exclude_none=True).items() if k in cfgmod.OPERATIONAL_SECTIONS}))
+    _write(root / cfgmod.CONFIG_NAME, _config_header() + cfgmod.dump_config(cfg))
+    _write(root / "AGENTS.md", agent_pointer("codex"))
+    _write(root / "CLAUDE.md", agent_pointer("claude"))
+    for rel, text in client_configs(root, sys.executable, state, wiring).items():
+        _write(root / rel, text)
+    gitignore = root / ".gitignore"
+    lines = gitignore.read_text().splitlines() if gitignore.exists() else []
+    for entry in (f"/{cfg.paths.state_dir}/", "__pycache__/", "*.pt2"):
+        if entry not in lines:
+            lines.append(entry)
+    _write(gitignore, "\n".join(lines) + "\n")
+    _write_id(root, wid)
+
+    ws = Workspace(root, cfg, state)
+    meta = prepare_data(root, ws.data_dir, corpus)
+    lock = {"prepare.py": gitops.file_sha256(root / "prepare.py"), "config_frozen": cfg.frozen_hash(),
+            "data": data_hashes(meta), "tokenizer": meta.get("tokenizer"), "corpus": meta.get("corpus"),
+            "workspace_id": wid}
+    _write(root / LOCK_NAME, json.dumps(lock, indent=2, sort_keys=True) + "\n")
+
+    pinned = gitops.init_repo_and_pin(root, f"loopwright: pin evaluator and baseline ({tag})")
+    # The pinned commit, recorded in a second place the agent cannot write (the ledger is the first).
+    write_record(state, {**read_record(state), "pinned_commit": pinned,
+                         "lock_sha256": gitops.file_sha256(root / LOCK_NAME)})
+    branch = gitops.campaign_branch(tag)
+    gitops.create_branch(root, branch, pinned, checkout=True)
+    with ws.ledger() as ledger:
+        cid = ledger.create_campaign(tag, branch, pinned)
+        ledger.add_event(cid, "campaign_start", {"tag": tag, "pinned_commit": pinned}, sinks=sinks_for(ws.cfg))
+    integrity.snapshot_pin(ws, pinned)      # a copy of the pinned objects, to repair a rewritten one
+    ws.sync_train_view()
+    return ws
+
+
+def _new_campaign(ws: Workspace, tag: str, force: bool) -> Workspace:
+    with ws.ledger() as ledger:
+        if ledger.campaign(tag=tag) is not None:
+            raise WorkspaceError(f"campaign tag {tag!r} already exists in {ws.root}; choose another --tag "
+                                 f"(existing: {', '.join(c for c in _tags(ledger))})")
+        if gitops.is_dirty(ws.root) and not force:
+            raise WorkspaceError(f"{ws.root} has uncommitted changes to tracked files; revert them "
+                                 "(`loopwright revert`) or pass --force")
+        pinned = ws.pinned_commit or gitops.root_commit(ws.root)
+        branch = gitops.campaign_branch(tag)
+        gitops.create_branch(ws.root, branch, pinned, checkout=True)
+        cid = ledger.create_campaign(tag, branch, pinned)
+        ledger.add_event(cid, "campaign_start", {"tag": tag, "pinned_commit": pinned}, sinks=sinks_for(ws.cfg))
+    return ws
+
+
+def _tags(ledger: Ledger) -> list[str]:
+    return [r[0] for r in ledger.conn.execute("SELECT tag FROM campaigns ORDER BY id")]
+
+
+def _config_header() -> str:
+    return ("# loopwright workspace configuration: what decides the score.\n"
+            "# [benchmark], [paths] and [noise] are frozen at `loopwright init`; any change is tampering.\n"
+            "# Budgets, schedules and connectors ([budget], [[schedule]], [slack], [jira], [webhook], [campaign])\n"
+            "# do not go here: they live outside the workspace, out of the agent's reach. Change them with\n"
+            "#     loopwright config set budget.max_experiments 40\n"
+            "# (`loopwright config show` prints them). Copies of them in this file are ignored.\n\n")
+
+
+# ---------------------------------------------------------------------------
+# migration of old workspaces (state inside the workspace) and relinking a moved one
+
+def migrate_workspace(directory: Path | str) -> list[str]:
+    """Move an old workspace's state (.loopwright/state.db, data, runs, ...) to a new state directory.
+
+    The ledger is copied with SQLite's online backup (a consistent snapshot; every row), then the raw
+    old files are kept in the state directory as well, and only then removed from the workspace.
+    Operational sections of loopwright.toml are copied into settings.toml once. Returns what was done."""
+    import sqlite3
+
+    root = Path(directory).expanduser().resolve()
+    local = root / ".loopwright"
+    if not old_layout(root):
+        if (local / ID_NAME).is_file():
+            raise WorkspaceError(f"{root} already keeps its state outside the workspace "
+                                 f"({(local / ID_NAME).read_text().strip()}); nothing to migrate")
+        raise WorkspaceError(f"{root} has no .loopwright/state.db; it is not an old loopwright workspace")
+    cfg = cfgmod.load_config(root)
+    toml_ops = cfgmod.operational_data((root / cfgmod.CONFIG_NAME).read_text(encoding="utf-8"))
+    seeded = setmod.validate(toml_ops, f"{root / cfgmod.CONFIG_NAME} (operational sections)")
+    held = FileLock(local / "server.lock").try_acquire()
+    if held is None:
+        raise WorkspaceError("an experiment is running in this workspace; migrate when it has finished "
+                             "(stop the MCP server / agent session first)")
+    try:
+        locked = lock_workspace_id(root)     # a workspace whose lock already names its id keeps it
+        wid, state = create_state_dir(root, locked if locked and not state_dir_for(locked).exists() else None)
+        done: list[str] = [f"created the state directory {state} (0700)"]
+        try:
+            src = sqlite3.connect(local / "state.db")
+            dst = sqlite3.connect(state / "state.db")
+            try:
+                src.backup(dst)       # a consistent copy of every row, WAL included
+            finally:
+                dst.close()
+                src.close()
+            os.chmod(state / "state.db", 0o600)
+            with Ledger(state / "state.db") as ledger:
+                c = ledger.campaign(campaign_id=1) or ledger.campaign()
+                pinned = c["pinned_commit"] if c else None
+            done.append("copied the ledger (SQLite backup)")
+            setmod.save(state / setmod.SETTINGS_NAME, seeded)
+            if toml_ops:
+                done.append(f"copied [{'], ['.join(toml_ops)}] from loopwright.toml into settings.toml; from now on "
+                            "change them with `loopwright config set`")
+            keep = state / "pre-migration"
+            _make_private_dir(keep)
+            for name in ("state.db", "state.db-wal", "state.db-shm"):
+                if (local / name).is_file():
+                    shutil.copy2(local / name, keep / name)
+            for entry in sorted(local.iterdir()):
+                if entry.name in ("reports", "server.lock", ID_NAME) or entry.name.startswith("state.db"):
+                    continue
+                target = state / entry.name
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.copytree(entry, target, symlinks=True)
+                elif not entry.is_symlink():
+                    shutil.copy2(entry, target)
+            write_record(state, {**read_record(state), "pinned_commit": pinned,
+                                 "lock_sha256": gitops.file_sha256(root / LOCK_NAME) if (root / LOCK_NAME).is_file()
+                                 else None, "migrated_at": time.time()})
+        except BaseException:
+            shutil.rmtree(state, ignore_errors=True)
+            raise
+        # Everything is in place: switch over, then remove the agent-reachable originals.
+        _write_id(root, wid)
+        for entry in sorted(local.iterdir()):
+            if entry.name in ("reports", "server.lock", ID_NAME):
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+        done.append(f"moved data, runs and logs to {state}; the workspace keeps reports/ and the id only")
+        ws = Workspace(root, cfg, state)
+        if (ws.data_dir / "train.bin").is_file():
+            ws.sync_train_view()
+        if pinned:
+            try:
+                integrity.snapshot_pin(ws, pinned)
+                done.append("kept a copy of the pinned git objects in the state directory")
+            except gitops.GitError as e:
+                done.append(f"could not copy the pinned git objects ({e}); check the history with `git fsck`")
+        return done
+    finally:
+        held.release()
+
+
+def relink_workspace(directory: Path | str) -> str:
+    """After moving a workspace directory: record its new path in its state directory, once the pinned
+    commit there is found in this repository (so a copy cannot adopt another workspace's state)."""
+    root = Path(directory).expanduser().resolve()
+    wid = (root / ".loopwright" / ID_NAME).read_text().strip()
+    state = state_dir_for(wid)
+    check_state_dir(state, root)
+    rec = read_record(state)
+    locked = lock_workspace_id(root)
+    if locked is not None and locked != wid:
+        raise StateDirError(f"the id file says {wid!r} but loopwright.lock says {locked!r}; restore the id file")
+    pinned = rec.get("pinned_commit")
+    try:
+        ok = bool(pinned) and gitops.verified_blob_bytes(root, str(pinned), LOCK_NAME) is not None
+    except Exception:  # noqa: BLE001 - any git failure means "not this repository's pin"
+        ok = False
+    if not ok:
+        raise StateDirError(f"the state directory {state} was pinned at {pinned}, which is not in {root}'s history; "
+                            "this is not the same workspace")
+    old = rec.get("root")
+    if old and old != str(root) and Path(old).exists() and (Path(old) / ".loopwright" / ID_NAME).is_file():
+        raise StateDirError(f"{old} still exists and uses this state directory; a state directory serves one "
+                            "workspace (make a new one with `loopwright init`)")
+    write_record(state, {**rec, "root": str(root), "relinked_at": time.time()})
+    return f"{state} now belongs to {root} (was {old})"
