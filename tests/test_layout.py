@@ -7,8 +7,6 @@ import re
 import sys
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "mcp_server"
 OLDEST = (3, 10)
