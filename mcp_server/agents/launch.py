@@ -405,10 +405,7 @@ def _int(v) -> Optional[int]:
 
 
 def _session_counts(ledger, campaign_id: int, since: float) -> tuple[int, int]:
-    row = ledger.conn.execute(
-        "SELECT COUNT(*), COALESCE(SUM(verdict='keep'), 0) FROM experiments WHERE campaign_id=? AND started_at>=?",
-        (campaign_id, since)).fetchone()
-    return int(row[0]), int(row[1])
+    return ledger.counts_since(campaign_id, since)
 
 
 def client_env(session_id: int, root: Path, base: Optional[dict[str, str]] = None) -> dict[str, str]:

@@ -6,6 +6,7 @@ ledger is upgraded in place and nothing recorded is lost.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import sqlite3
@@ -401,6 +402,30 @@ class Ledger:
                        "AND status IN ('crash','timeout','rejected')",
         }
         return {k: int(self.conn.execute(sql, (campaign_id,)).fetchone()[0]) for k, sql in q.items()}
+
+    def campaign_names(self) -> list[tuple[str, str]]:
+        """(tag, branch) of every campaign, oldest first."""
+        return [(r[0], r[1]) for r in self.conn.execute("SELECT tag, branch FROM campaigns ORDER BY id")]
+
+    def scored_rows_digest(self, except_experiment: int) -> str:
+        """A digest of every recorded result and campaign pointer except one experiment's: what code running
+        during that experiment must not be able to rewrite (the engine compares it before and after)."""
+        h = hashlib.sha256()
+        for row in self.conn.execute(
+                "SELECT id, status, verdict, is_baseline, val_bpb, test_bpb, seed, commit_sha, confirm_of "
+                "FROM experiments WHERE id != ? ORDER BY id", (except_experiment,)):
+            h.update(repr(tuple(row)).encode())
+        for row in self.conn.execute("SELECT id, pinned_commit, best_commit, best_experiment_id, status "
+                                     "FROM campaigns ORDER BY id"):
+            h.update(repr(tuple(row)).encode())
+        return h.hexdigest()
+
+    def counts_since(self, campaign_id: int, since: float) -> tuple[int, int]:
+        """(experiments started, of them kept) in a campaign since a time: a session's yield."""
+        row = self.conn.execute(
+            "SELECT COUNT(*), COALESCE(SUM(verdict='keep'), 0) FROM experiments WHERE campaign_id=? "
+            "AND started_at>=?", (campaign_id, since)).fetchone()
+        return int(row[0]), int(row[1])
 
     def progress_mark(self) -> int:
         """A number that grows whenever the agent moves the loop: finished experiments, verdicts, notes."""

@@ -78,7 +78,7 @@ class Engine:
                         f"check out one of: {', '.join(self._branches()) or '(none: run loopwright init)'}")
 
     def _branches(self) -> list[str]:
-        return [r[0] for r in self.ledger.conn.execute("SELECT branch FROM campaigns ORDER BY id")]
+        return [branch for _, branch in self.ledger.campaign_names()]
 
     def _samples(self, experiment_id: int) -> list[float]:
         rows = [self.ledger.experiment(experiment_id)] + self.ledger.confirm_runs(experiment_id)
@@ -537,15 +537,7 @@ class Engine:
     def _ledger_digest(self, running_id: int) -> str:
         """A digest of what train.py must not be able to rewrite while it runs (nothing else writes these
         rows during a run: the experiment lock is held)."""
-        h = hashlib.sha256()
-        for row in self.ledger.conn.execute(
-                "SELECT id, status, verdict, is_baseline, val_bpb, test_bpb, seed, commit_sha, confirm_of "
-                "FROM experiments WHERE id != ? ORDER BY id", (running_id,)):
-            h.update(repr(tuple(row)).encode())
-        for row in self.ledger.conn.execute("SELECT id, pinned_commit, best_commit, best_experiment_id, status "
-                                            "FROM campaigns ORDER BY id"):
-            h.update(repr(tuple(row)).encode())
-        return h.hexdigest()
+        return self.ledger.scored_rows_digest(running_id)
 
     def _after_failure(self, c: dict, row: dict, confirm_of: Optional[int]) -> None:
         """A failed run is discarded at once and the tree goes back to the best commit."""

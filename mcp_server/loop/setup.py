@@ -218,7 +218,7 @@ def _new_campaign(ws: Workspace, tag: str, force: bool) -> Workspace:
 
 
 def _tags(ledger: Ledger) -> list[str]:
-    return [r[0] for r in ledger.conn.execute("SELECT tag FROM campaigns ORDER BY id")]
+    return [tag for tag, _ in ledger.campaign_names()]
 
 
 def _config_header() -> str:

@@ -31,7 +31,6 @@ import hmac
 import json
 import logging
 import os
-import sqlite3
 import tempfile
 import threading
 import time
@@ -44,12 +43,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from mcp_server.ledger.seen import SeenStore
 from mcp_server.triggers import approval_routes
 from mcp_server.triggers.common import SESSION_LOCK, SessionLock, launch
 
 log = logging.getLogger("loopwright.webhook")
 
-SEEN_TTL_S = 30 * 86400
+
 TRUSTED_GITHUB_ROLES = {"OWNER", "MEMBER", "COLLABORATOR"}
 StartSession = Callable[[str], None]   # (trigger_detail) -> None; blocks until the session ends
 
@@ -58,30 +58,6 @@ class Reject(Exception):
     def __init__(self, status: int, message: str):
         super().__init__(message)
         self.status = status
-
-
-class SeenStore:
-    """Delivery ids already acted on, in a small SQLite table with expiry."""
-
-    def __init__(self, path: Path | str, clock: Callable[[], float] = time.time, ttl_s: float = SEEN_TTL_S):
-        self.clock, self.ttl_s = clock, ttl_s
-        if str(path) != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=10)
-        self._db.execute("CREATE TABLE IF NOT EXISTS seen (source TEXT, id TEXT, at REAL, PRIMARY KEY (source, id))")
-        self._lock = threading.Lock()
-
-    def add(self, source: str, delivery_id: str) -> bool:
-        """True if the id is new (and is now recorded), False for a duplicate."""
-        now = self.clock()
-        with self._lock:
-            self._db.execute("DELETE FROM seen WHERE at < ?", (now - self.ttl_s,))
-            return self._db.execute("INSERT OR IGNORE INTO seen VALUES (?,?,?)",
-                                    (source, delivery_id, now)).rowcount == 1
-
-    def forget(self, source: str, delivery_id: str) -> None:
-        with self._lock:
-            self._db.execute("DELETE FROM seen WHERE source=? AND id=?", (source, delivery_id))
 
 
 class SessionRunner:
