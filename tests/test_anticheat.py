@@ -137,11 +137,17 @@ def test_monkeypatching_prepare_does_not_reach_the_evaluator(ws):
 
 def test_shadow_modules_in_the_workspace_do_not_reach_the_evaluator(ws):
     eng = _engine_with_baseline(ws)
-    res = _run(eng, "open('numpy.py', 'w').write('raise SystemExit(\"shadowed\")')\n"
-                    "open('sitecustomize.py', 'w').write('import builtins; builtins.CHEAT = 1')\n")
+    # under the sandbox the workspace is read-only and the writes fail; without it they land, and the
+    # evaluator (pinned blob, private dir, stdlib first) must still not import them
+    res = _run(eng, "for name, code in (('numpy.py', 'raise SystemExit(\"shadowed\")'),\n"
+                    "                   ('sitecustomize.py', 'import builtins; builtins.CHEAT = 1')):\n"
+                    "    try:\n"
+                    "        open(name, 'w').write(code)\n"
+                    "    except OSError:\n"
+                    "        pass\n")
     assert res.status == "ok" and res.val_bpb == pytest.approx(8.0, abs=1e-6)
     for name in ("numpy.py", "sitecustomize.py"):
-        (ws.root / name).unlink()
+        (ws.root / name).unlink(missing_ok=True)
 
 
 def test_secrets_never_reach_train_py(ws, monkeypatch):

@@ -9,6 +9,7 @@ CODEX_HOME. IS_SANDBOX is removed: the launcher must work as root without bypass
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -186,7 +187,10 @@ def test_refuses_an_unknown_agent_or_a_missing_binary(idle_ws, monkeypatch, tmp_
     with pytest.raises(LaunchError, match="LOOPWRIGHT_CODEX_BIN=.*no-such-codex is not an executable.*@openai/codex"):
         launch_session(idle_ws, "codex")
     monkeypatch.delenv("LOOPWRIGHT_CLAUDE_BIN", raising=False)
-    monkeypatch.setenv("PATH", str(tmp_path))
+    only_git = tmp_path / "bin"              # a PATH with git (the engine needs it) and no claude
+    only_git.mkdir()
+    (only_git / "git").symlink_to(shutil.which("git"))
+    monkeypatch.setenv("PATH", str(only_git))
     with pytest.raises(LaunchError, match="`claude` is not on PATH"):
         launch_session(idle_ws, "claude")
     assert _sessions(idle_ws) == []
@@ -436,7 +440,9 @@ def test_builtin_session_runs_the_proposer(tmp_path, small_corpus):
     (s,) = _sessions(root)
     assert s["id"] == sid and s["exit_code"] == 0, s
     rows = _experiments(root)
-    assert len(rows) == 2 and rows[1]["status"] == "ok" and rows[1]["verdict"] is not None
+    # one candidate, run and scored (beside it: the baseline and any reference runs its pairing needed)
+    cands = [r for r in rows if not r["is_baseline"]]
+    assert len(cands) == 1 and cands[0]["status"] == "ok" and cands[0]["verdict"] is not None, rows
     assert s["turns"] == 1 and s["cost_usd"] == 0
     assert _session_end_events(root)[-1]["payload"]["experiments"] == 1
     assert (root / json.loads(s["detail"])["log"] / "events.jsonl").is_file()   # its output, kept

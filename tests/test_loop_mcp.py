@@ -78,10 +78,9 @@ async def _full_cycle(client, ws, progress_log):
     runs = 2 + len(good["pairs"]) + len(bad["pairs"])   # budget counts runs: baseline seeds + each pair's run
     assert budget["should_stop"] is False and budget["experiments_used"] == runs
     assert 0 < budget["keep_threshold"] < budget["mde"] and "Detectable effect" in budget["next_step"]
-    from mcp_server.loop.config import dump_config, load_config
-    cfg = load_config(root)
-    cfg.budget.max_experiments = runs   # operational setting: the user may change it between sessions
-    (root / "loopwright.toml").write_text(dump_config(cfg))
+    from mcp_server.loop import settings as setmod
+    # an operational setting: the human changes it between calls (`loopwright config set`), out of the agent's reach
+    setmod.save(ws.settings_path, setmod.set_value(ws.settings(), "budget.max_experiments", str(runs)))
     budget = await _call(client, "budget_check")
     assert budget["should_stop"] is True and "experiment budget spent" in budget["reasons"][0]
     set_constant(train, "DEPTH", "3")

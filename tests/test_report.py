@@ -133,7 +133,7 @@ def test_loopwright_report_on_a_workspace(tmp_path: Path, small_corpus):
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "1 experiments, 1 kept, 0 crashed" in proc.stdout
-    out = ws.state_dir / "reports"
+    out = ws.reports_dir
     assert (out / "progress.png").read_bytes()[:4] == b"\x89PNG"
     md = (out / "report.md").read_text()
     assert "Best: **1.9000** (experiment #3" in md and f"`{sha[:10]}`" in md
