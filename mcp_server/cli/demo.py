@@ -15,6 +15,7 @@ keeps afterwards with `loopwright replay --workspace DIR --seeds 3`.
 """
 from __future__ import annotations
 
+import os
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -216,6 +217,7 @@ def run_demo(directory: Optional[Path | str] = None, time_budget: float = DEMO_T
     if minutes <= 0:
         raise ValueError("--minutes must be positive")
     console = console or Console()
+    _sandbox_or_notice(console)
     t0 = time.monotonic()
     deadline = t0 + minutes * 60 - REPORT_RESERVE_S
     root = Path(directory).expanduser().resolve() if directory else Path(tempfile.mkdtemp(prefix="loopwright-demo-"))
@@ -237,3 +239,19 @@ def run_demo(directory: Optional[Path | str] = None, time_budget: float = DEMO_T
     console.print(f"report: {files.markdown}\nchart:  {files.plot.path}\ntsv:    {files.tsv}")
     console.print(f"workspace: {root}  (continue with `loopwright run --agent builtin --workspace {root}`)")
     return DemoResult(root, seconds, files.directory, session)
+
+
+def _sandbox_or_notice(console: Console) -> None:
+    """The demo must run on a fresh machine. Its only agent is the built-in one, which changes constants of
+    the bundled train.py and writes no code, so where no OS sandbox can be made (bubblewrap missing) the
+    demo runs without one and says so; the runs are recorded as unsandboxed. Agents' code still never runs
+    unsandboxed without the human's --unsafe-no-sandbox."""
+    from mcp_server.loop import sandbox
+
+    info = sandbox.detect()
+    if info.available or sandbox.unsafe_requested():
+        return
+    console.print(f"[yellow]note:[/] no OS sandbox here ({info.detail}). The demo's built-in agent only edits "
+                  "constants of the bundled train.py, so the demo runs without one; for campaigns driven by "
+                  f"Claude Code or Codex: {sandbox.INSTALL_HINT}")
+    os.environ[sandbox.UNSAFE_ENV] = "1"   # inherited by the built-in agent's MCP server
