@@ -6,6 +6,7 @@ a near-zero learning rate a real loss.
 """
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -101,7 +102,9 @@ async def test_full_cycle_in_process(tmp_path, small_corpus):
 
 async def test_full_cycle_over_stdio(tmp_path, small_corpus):
     ws = make_workspace(tmp_path / "ws", small_corpus, bench_dir=hobbled_bench(tmp_path / "bench"))
+    # the SDK's default environment for a server drops LOOPWRIGHT_HOME (where this test's state lives)
     params = StdioServerParameters(command=sys.executable,
-                                   args=["-m", "mcp_server.cli", "serve", "--workspace", str(ws.root)])
+                                   args=["-m", "mcp_server.cli", "serve", "--workspace", str(ws.root)],
+                                   env=dict(os.environ))
     async with Client(params, read_timeout_seconds=600) as client:
         await _full_cycle(client, ws, [])

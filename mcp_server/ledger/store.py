@@ -421,10 +421,11 @@ class Ledger:
         return h.hexdigest()
 
     def counts_since(self, campaign_id: int, since: float) -> tuple[int, int]:
-        """(experiments started, of them kept) in a campaign since a time: a session's yield."""
+        """(experiments started, of them kept) in a campaign since a time: a session's yield. Candidates only:
+        the reference and confirm runs their paired verdicts needed are runs, not experiments."""
         row = self.conn.execute(
             "SELECT COUNT(*), COALESCE(SUM(verdict='keep'), 0) FROM experiments WHERE campaign_id=? "
-            "AND started_at>=?", (campaign_id, since)).fetchone()
+            "AND started_at>=? AND is_baseline=0 AND confirm_of IS NULL", (campaign_id, since)).fetchone()
         return int(row[0]), int(row[1])
 
     def progress_mark(self) -> int:
