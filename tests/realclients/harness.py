@@ -20,7 +20,6 @@ import json
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
+
+from mcp_server.common.procs import kill_group
 
 try:
     from .fake_anthropic import FakeAnthropic, MessagesRequest
@@ -235,43 +236,9 @@ def run_process(
     )
 
 
-def _group_alive(pgid: int) -> bool:
-    """Is any non-zombie process left in process group ``pgid``?"""
-    proc_dir = Path("/proc")
-    if not proc_dir.is_dir():
-        try:
-            os.killpg(pgid, 0)
-            return True
-        except ProcessLookupError:
-            return False
-    for stat in proc_dir.glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if len(fields) > 2 and fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
-            return True
-    return False
-
-
 def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGTERM, then SIGKILL, the process group led by ``proc`` (its pid is
-    the group id: it was started with ``start_new_session``)."""
-    pgid = proc.pid
-    for sig, grace in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 2.0)):
-        if not _group_alive(pgid):
-            break
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            break
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and _group_alive(pgid):
-            time.sleep(0.05)
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:  # pragma: no cover
-        pass
+    """SIGTERM, then SIGKILL, the client's process group (the loop's own helper)."""
+    kill_group(proc, grace_s=2.0)
 
 
 def parse_jsonl(text: str) -> tuple[list[dict], list[str]]:
