@@ -123,6 +123,10 @@ class NoiseConfig(_Section):
     prior_pairs: float = Field(default=3.0, ge=0, description="how many pairs' worth of evidence the prior is")
     rotate_every: int = Field(default=6, ge=0, description="candidates per seed set before a fresh one (0 = never)")
     early_stop: bool = Field(default=True, description="stop after the first pair when it is clearly worse")
+    large_effect_sigmas: float = Field(
+        default=5.0, ge=0, description="comparisons whose mean paired difference is beyond this many sigma_d are "
+        "left out of sigma_d (0 = none): a big effect's spread over seeds says how that effect varies with the "
+        "seed, not how noisy the measurement of a small change is")
 
 
 class BudgetConfig(_Section):

@@ -10,7 +10,9 @@ The rule (README "Noise"):
 * sigma_d, the SD of a paired difference, is pooled from the campaign's own
   comparisons (deviations of each comparison's d_i around its own mean, so real
   effects do not inflate it), shrunk towards a prior `sigma_prior` worth
-  `prior_pairs` pseudo degrees of freedom, never below `sigma_floor`. The
+  `prior_pairs` pseudo degrees of freedom, never below `sigma_floor`; comparisons
+  with a large mean effect are left out (their spread is the effect's own
+  dependence on the seed, see pooled_sigma). The
   baseline's seed spread is NOT used: it measures seed noise, which pairing removes.
 * Keep iff mean(d) <= -max(min_delta, k * sigma_d / sqrt(n)). A gain within
   `retest_band` of that bar gets `retest`: one more pair on a fresh seed (both the
@@ -50,14 +52,37 @@ def pooled_sigma(groups: Sequence[Sequence[float]], noise: NoiseConfig) -> tuple
     """(sigma_d, degrees of freedom from data) from groups of paired differences, one group per comparison.
 
     Each group contributes its squared deviations around its own mean (n-1 dof); the prior adds
-    `prior_pairs` pseudo-dof at `sigma_prior`; the result is never below `sigma_floor`."""
+    `prior_pairs` pseudo-dof at `sigma_prior`; the result is never below `sigma_floor`.
+
+    Groups whose mean is beyond `large_effect_sigmas` * sigma_d are left out: a change that moves
+    val_bpb by 0.3 moves it by 0.4 on one seed and 0.2 on another, and that spread is the effect's
+    dependence on the seed, not measurement noise (one such comparison used to triple the bar for every
+    small change after it). Selecting groups by their MEAN does not bias the pooled variance (for normal
+    pairs a sample's mean and its deviations are independent), and a null change's mean is never 5 sigma
+    out, so noise alone is never left out. The cut-off and sigma_d are found together: start from the
+    prior, recompute until the included set stops changing."""
+    gs = [[float(x) for x in g] for g in groups if len(g) >= 2]
+    sigma = max(noise.sigma_prior, noise.sigma_floor)
+    included: Optional[list[list[float]]] = None
+    df = 0
+    for _ in range(20):
+        cut = noise.large_effect_sigmas * sigma
+        now = [g for g in gs if not noise.large_effect_sigmas or abs(statistics.fmean(g)) <= cut]
+        if not now and gs and noise.prior_pairs <= 0:
+            now = gs   # no prior to fall back on: use everything rather than nothing
+        if now == included:
+            break
+        included = now
+        sigma, df = _pool(now, noise)
+    return sigma, df
+
+
+def _pool(groups: Sequence[Sequence[float]], noise: NoiseConfig) -> tuple[float, int]:
     ss, df = 0.0, 0
     for g in groups:
-        g = [float(x) for x in g]
-        if len(g) >= 2:
-            m = statistics.fmean(g)
-            ss += sum((x - m) ** 2 for x in g)
-            df += len(g) - 1
+        m = statistics.fmean(g)
+        ss += sum((x - m) ** 2 for x in g)
+        df += len(g) - 1
     prior_df = noise.prior_pairs
     if prior_df + df <= 0:
         return noise.sigma_floor, 0
