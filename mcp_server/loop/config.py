@@ -5,7 +5,7 @@ Two kinds of settings, kept in two places:
   workspace's loopwright.toml, their canonical hash is part of the frozen
   manifest, so changing them mid-campaign is tamper;
 - operational ones ([campaign], [budget], [[schedule]], [slack], [jira],
-  [webhook]) are the human's: they live in the state directory's settings.toml,
+  [webhook], [executor]) are the human's: they live in the state directory's settings.toml,
   out of the agent's reach, changed with `loopwright config set` (settings.py).
   Copies of them found in loopwright.toml (old workspaces) are imported once and
   then ignored with a warning.
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Literal, Optional
@@ -28,7 +29,7 @@ else:  # pragma: no cover
 
 CONFIG_NAME = "loopwright.toml"
 FROZEN_SECTIONS = ("benchmark", "paths", "noise")
-OPERATIONAL_SECTIONS = ("campaign", "budget", "schedule", "slack", "jira", "webhook")
+OPERATIONAL_SECTIONS = ("campaign", "budget", "schedule", "slack", "jira", "webhook", "executor")
 
 
 class ConfigError(ValueError):
@@ -197,6 +198,29 @@ class WebhookConfig(_Section):
     agent: Literal["claude", "codex", "builtin"] = "claude"
 
 
+_RAY_ADDRESS = re.compile(r"^(auto|local|(ray://)?[A-Za-z0-9._-]+:[0-9]{1,5})$")
+
+
+class ExecutorConfig(_Section):
+    """Where runs happen (operational: the cluster's address and the parallelism are the human's, not the
+    score's -- results on the `steps` clock do not depend on them). `loopwright config set executor.kind ray`."""
+    kind: Literal["local", "ray"] = Field(default="local", description="local: this machine; ray: a Ray cluster")
+    parallel: int = Field(default=1, ge=1, le=1024, description="runs in flight at once (asynchronous experiments, "
+                          "paired seeds, references)")
+    address: str = Field(default="auto", description='ray only: "auto" (the cluster this machine belongs to), '
+                         '"ray://host:port" (Ray Client) or "host:port" (the head\'s GCS address)')
+    num_cpus: float = Field(default=1.0, ge=0, description="ray only: CPUs per run")
+    num_gpus: float = Field(default=0.0, ge=0, description="ray only: GPUs per run (1 = one GPU per experiment)")
+    memory: Optional[int] = Field(default=None, ge=1 << 20, description="ray only: bytes of memory per run")
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str) -> str:
+        if not _RAY_ADDRESS.match(v.strip()):
+            raise ValueError(f"address {v!r} is not a Ray address; use \"auto\", \"ray://host:port\" or \"host:port\"")
+        return v.strip()
+
+
 class LoopwrightConfig(_Section):
     campaign: CampaignConfig = Field(default_factory=CampaignConfig)
     benchmark: BenchmarkConfig = Field(default_factory=BenchmarkConfig)
@@ -207,6 +231,7 @@ class LoopwrightConfig(_Section):
     slack: Optional[SlackConfig] = None
     jira: Optional[JiraConfig] = None
     webhook: WebhookConfig = Field(default_factory=WebhookConfig)
+    executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
 
     def frozen_hash(self) -> str:
         """SHA-256 of the score-deciding sections, canonical JSON (whitespace/comments don't matter)."""

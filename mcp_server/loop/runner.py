@@ -114,8 +114,10 @@ def kill_stale(run_dir: Path) -> bool:
 
 
 def run_training(ws: Workspace, run_dir: Path, seed: int, on_progress: Optional[ProgressFn] = None,
-                 python: str = sys.executable) -> TrainResult:
-    info = sandbox.require()          # SandboxUnavailable unless the human opted out
+                 python: str = sys.executable, unsafe: Optional[bool] = None) -> TrainResult:
+    """train.py of `ws.root` on `seed`, sandboxed. `unsafe` (default: the process's opt-out) is passed
+    explicitly where the environment is not the human's (an executor's worker)."""
+    info = sandbox.require(unsafe)    # SandboxUnavailable unless the human opted out
     run_dir.mkdir(parents=True, exist_ok=True)
     # train.py writes only here (the sandbox's one writable dir); the evaluator gets a copy
     scratch = run_dir / "scratch"
@@ -197,11 +199,17 @@ def run_training(ws: Workspace, run_dir: Path, seed: int, on_progress: Optional[
 EVAL_DATA_FILES = ("val.bin", "test.bin", "meta.json", "token_bytes.npy", "tokenizer.json")
 
 
-def run_evaluation(ws: Workspace, pinned: str, run_dir: Path, model_path: Path,
-                   python: str = sys.executable) -> EvalResult:
-    info = sandbox.require()
-    files = {"prepare.py": gitops.verified_blob_bytes(ws.root, pinned, "prepare.py"),
-             "loopwright.toml": gitops.verified_blob_bytes(ws.root, pinned, "loopwright.toml")}
+def run_evaluation(ws: Workspace, pinned: Optional[str], run_dir: Path, model_path: Path,
+                   python: str = sys.executable, files: Optional[dict[str, bytes]] = None,
+                   unsafe: Optional[bool] = None) -> EvalResult:
+    """The pinned evaluator on the model. Its files come from the pinned commit's git objects, or, on an
+    executor's worker (no git there), by content in `files` (prepare.py and loopwright.toml)."""
+    info = sandbox.require(unsafe)
+    if files is None:
+        if pinned is None:
+            raise ValueError("run_evaluation needs the pinned commit or the evaluator's files")
+        files = {"prepare.py": gitops.verified_blob_bytes(ws.root, pinned, "prepare.py"),
+                 "loopwright.toml": gitops.verified_blob_bytes(ws.root, pinned, "loopwright.toml")}
     t0 = time.monotonic()
     try:
         box = sandbox.make_eval_dir(files, model_path)

@@ -1,4 +1,4 @@
-"""Operational settings: budgets, campaign, schedules, connectors, webhook server.
+"""Operational settings: budgets, campaign, schedules, connectors, webhook server, executor.
 
 They are the human's, so they live in the state directory (`settings.toml`, 0600),
 outside the workspace the agent can write, and change only through
@@ -23,6 +23,7 @@ from mcp_server.loop.config import (
     BudgetConfig,
     CampaignConfig,
     ConfigError,
+    ExecutorConfig,
     JiraConfig,
     ScheduleConfig,
     SlackConfig,
@@ -47,6 +48,7 @@ class Settings(cfgmod._Section):
     slack: Optional[SlackConfig] = None
     jira: Optional[JiraConfig] = None
     webhook: WebhookConfig = Field(default_factory=WebhookConfig)
+    executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
 
 
 def validate(data: dict, where: str = SETTINGS_NAME) -> Settings:
@@ -130,7 +132,7 @@ def keys() -> list[str]:
 
 
 def _model_of(annotation: Any):
-    for cand in (CampaignConfig, BudgetConfig, SlackConfig, JiraConfig, WebhookConfig):
+    for cand in (CampaignConfig, BudgetConfig, SlackConfig, JiraConfig, WebhookConfig, ExecutorConfig):
         if annotation is cand or cand in getattr(annotation, "__args__", ()):
             return cand
     return None

@@ -1,0 +1,150 @@
+"""One run in an isolated working copy: what the local and the Ray executor both execute.
+
+From a RunSpec a fresh temporary directory is built:
+
+    <base>/loopwright-run-XXXX/
+      ws/          prepare.py + loopwright.toml (the pinned bytes), the editable sources (train.py)
+      state/data/  the data files, each verified against the spec's manifest (sha256) before use
+      run/         train.log, scratch/ (train.py's one writable dir), eval.log, eval.json
+
+and the ordinary sandboxed runner (loop/runner.py) trains and evaluates there, exactly as in a workspace:
+train.py sees the train view only, the evaluator runs from its own bytes in its own sandbox. Nothing of
+the real workspace or state directory is touched, so several runs can go at once, here or on a worker.
+The directory is removed afterwards; the outcome carries the logs back.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import socket
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+from mcp_server.executors.base import LOG_CAP, OUTCOME_NAME, ExecutorError, RunOutcome, RunSpec
+from mcp_server.loop import config as cfgmod
+from mcp_server.loop import runner
+from mcp_server.loop.workspace import Workspace
+
+DataSource = Callable[[str, str], Path]   # (file name, sha256) -> a local file said to hold that content
+
+# (path) -> ((size, mtime_ns, ctime_ns), sha256): a rewritten file always changes ctime, so it is re-hashed
+_VERIFIED: dict[str, tuple[tuple[int, int, int], str]] = {}
+
+
+def sha256_of(path: Path) -> str:
+    st = path.stat()
+    key = (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    hit = _VERIFIED.get(str(path))
+    if hit and hit[0] == key:
+        return hit[1]
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    _VERIFIED[str(path)] = (key, h.hexdigest())
+    return h.hexdigest()
+
+
+def dir_source(data_dir: Path) -> DataSource:
+    """Data from a directory on this machine (the driver's state directory)."""
+    return lambda name, sha: Path(data_dir) / name
+
+
+def stage_data(manifest: dict[str, str], source: DataSource, dest: Path) -> None:
+    """Put every manifest file into `dest` (a hard link when possible, else a copy), each verified by
+    sha256 first; a mismatch is an ExecutorError naming the file (nothing is run on wrong data)."""
+    dest.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for name, want in sorted(manifest.items()):
+        if "/" in name or name.startswith("."):
+            raise ExecutorError(f"bad data file name {name!r} in the manifest")
+        src = source(name, want)
+        if not src.is_file():
+            raise ExecutorError(f"data file {name} (sha256 {want[:12]}) is missing at {src}")
+        got = sha256_of(src)
+        if got != want:
+            raise ExecutorError(f"data file {name} at {src} hashes to {got[:12]}, not {want[:12]} as the pinned "
+                                "manifest says; the data there was changed or is incomplete -- re-run "
+                                "`loopwright init` on a clean copy or remove the worker's cache")
+        try:
+            os.link(src, dest / name)
+        except OSError:
+            shutil.copyfile(src, dest / name)
+
+
+def materialise(spec: RunSpec, source: DataSource, base: Optional[Path] = None) -> tuple[Path, Workspace]:
+    """A fresh working copy for `spec` (see the module doc); returns (its directory, a Workspace on it)."""
+    if base is not None:
+        base.mkdir(parents=True, exist_ok=True, mode=0o700)
+    top = Path(tempfile.mkdtemp(prefix="loopwright-run-", dir=base))
+    try:
+        root, state = top / "ws", top / "state"
+        root.mkdir(mode=0o700)
+        state.mkdir(mode=0o700)
+        for name, data in spec.evaluator.items():
+            (root / name).write_bytes(data)
+        for rel, text in spec.sources.items():
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_text(text, encoding="utf-8")
+        stage_data(dict(spec.data), source, state / "data")
+        cfg = cfgmod.parse_config(spec.evaluator["loopwright.toml"].decode("utf-8"), "loopwright.toml (pinned)")
+        return top, Workspace(root, cfg, state)
+    except BaseException:
+        shutil.rmtree(top, ignore_errors=True)
+        raise
+
+
+def run(spec: RunSpec, source: DataSource, base: Optional[Path] = None, worker: str = "",
+        outcome_dir: Optional[Path] = None, on_progress: Optional[runner.ProgressFn] = None) -> RunOutcome:
+    """Train and evaluate `spec` in a fresh working copy; never raises for a failure of the run itself
+    (a crash, a timeout, a rejected model or bad data are outcomes). With `outcome_dir`, the outcome is
+    also written there (OUTCOME_NAME) as soon as it is known: a restarted driver records it from there."""
+    worker = worker or f"local:{socket.gethostname()}:{os.getpid()}"
+    t0 = time.monotonic()
+    try:
+        top, ws = materialise(spec, source, base)
+    except (ExecutorError, cfgmod.ConfigError, OSError) as e:
+        out = RunOutcome(spec.run_id, "rejected", f"the working copy could not be made: {e}", worker=worker)
+        _save(out, outcome_dir)
+        return out
+    try:
+        run_dir = top / "run"
+        tr = runner.run_training(ws, run_dir, spec.seed, on_progress, unsafe=spec.unsafe)
+        out = RunOutcome(spec.run_id, tr.status, tr.reason, summary=dict(tr.summary), log_tail=tr.log_tail,
+                         train_log=_tail(run_dir / "train.log"), train_wall_s=round(tr.wall_seconds, 3),
+                         sandbox=tr.sandbox, worker=worker)
+        if tr.status == "ok" and tr.model_path is not None:
+            ev = runner.run_evaluation(ws, None, run_dir, tr.model_path, files=dict(spec.evaluator), unsafe=spec.unsafe)
+            out.eval_wall_s = round(ev.wall_seconds, 3)
+            out.eval_json = ev.raw or None
+            if ev.ok:
+                out.val_bpb, out.test_bpb, out.eval_seconds = ev.val_bpb, ev.test_bpb, ev.eval_seconds
+            else:
+                out.status, out.reason = "rejected", f"the evaluator rejected the model: {ev.reason}"
+                out.eval_seconds = ev.eval_seconds
+    except Exception as e:  # noqa: BLE001 - a broken run is an outcome, never an exception in the driver
+        out = RunOutcome(spec.run_id, "crash", f"the run failed in the harness: {type(e).__name__}: {e}",
+                         train_wall_s=round(time.monotonic() - t0, 3), worker=worker)
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+    _save(out, outcome_dir)
+    return out
+
+
+def _tail(path: Path) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    return text[-LOG_CAP:]
+
+
+def _save(out: RunOutcome, outcome_dir: Optional[Path]) -> None:
+    if outcome_dir is None:
+        return
+    outcome_dir.mkdir(parents=True, exist_ok=True)
+    tmp = outcome_dir / (OUTCOME_NAME + ".tmp")
+    tmp.write_text(out.to_json())
+    os.replace(tmp, outcome_dir / OUTCOME_NAME)
