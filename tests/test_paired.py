@@ -242,3 +242,24 @@ def test_ablation_paired_statistics():
     assert st["ci"][1] < 0 < -st["ci"][0] and st["t"] < -3
     st = ab.paired_stats([0.01, -0.01, 0.02, -0.02])
     assert st["p_signflip"] == 1.0 and st["mean"] == 0.0
+
+
+def test_ablation_pairs_campaigns_by_repeat_and_formats_the_test():
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "ablation", Path(__file__).resolve().parent.parent / "bench" / "perf" / "ablation_mechanisms.py")
+    ab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ab)
+    runs = [{"arm": "a", "repeat": 1, "delta": -0.3}, {"arm": "b", "repeat": 1, "delta": -0.1},
+            {"arm": "b", "repeat": 0, "delta": -0.2}, {"arm": "a", "repeat": 0, "delta": -0.25},
+            {"arm": "a", "repeat": 2, "delta": None}, {"arm": "b", "repeat": 2, "delta": -0.4},   # no Δ: no pair
+            {"arm": "b", "repeat": 3, "delta": -0.4}]                                            # no partner
+    pairs = ab.paired_diffs(runs, "a", "b")
+    assert [k for k, _ in pairs] == [0, 1]
+    assert [d for _, d in pairs] == pytest.approx([-0.05, -0.2])
+    assert ab.fmt_paired(ab.paired_stats([])) == "—"
+    assert "no test" in ab.fmt_paired(ab.paired_stats([-0.05]))
+    text = ab.fmt_paired(ab.paired_stats([d for _, d in pairs]))
+    assert text.startswith("-0.1250 [") and "t = " in text and "p = 0.500" in text

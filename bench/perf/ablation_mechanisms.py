@@ -122,6 +122,23 @@ def paired_stats(diffs: list[float]) -> dict:
     return out
 
 
+def paired_diffs(runs: list[dict], arm: str, ref: str) -> list[tuple[int, float]]:
+    """(repeat, Δ(arm) − Δ(ref)) for every repeat in which both campaigns have a Δ, by repeat."""
+    by = {(r["arm"], r["repeat"]): r["delta"] for r in runs if r["delta"] is not None}
+    return [(k, by[(arm, k)] - by[(ref, k)]) for k in sorted({k for _, k in by})
+            if (arm, k) in by and (ref, k) in by]
+
+
+def fmt_paired(st: dict) -> str:
+    """'mean [CI], t = .., sign-flip p = ..' of paired_stats(), as far as the number of pairs allows."""
+    if not st["n"]:
+        return "—"
+    if st["n"] < 2:
+        return f"{st['mean']:+.4f} (1 pair, no test)"
+    p = f", p = {st['p_signflip']:.3f}" if "p_signflip" in st else ""
+    return f"{st['mean']:+.4f} [{st['ci'][0]:+.4f}, {st['ci'][1]:+.4f}], t = {st['t']:.2f}{p}"
+
+
 def summarise(runs: list[dict]) -> str:
     lines = ["| Method | Δ val_bpb (best − baseline) | kept / campaign | crashed / campaign | runs |",
              "|---|---|---|---|---|"]
@@ -135,10 +152,7 @@ def summarise(runs: list[dict]) -> str:
         lines.append(f"| {label} | {statistics.fmean(d):+.4f} ± {sd:.4f} | "
                      f"{statistics.fmean(r['kept'] for r in rs):.1f} | {statistics.fmean(r['crashed'] for r in rs):.1f} "
                      f"| {len(rs)} |")
-    by = {(r["arm"], r["repeat"]): r for r in runs if r["delta"] is not None}
-    diffs = [by[("mechanisms", k)]["delta"] - by[("plain", k)]["delta"]
-             for (arm, k) in sorted(by) if arm == "plain" and ("mechanisms", k) in by]
-    st = paired_stats(diffs)
+    st = paired_stats([d for _, d in paired_diffs(runs, "mechanisms", "plain")])
     if st["n"] >= 2:
         lines += ["", f"Paired over {st['n']} campaign pairs (same agent seed): Δ(mechanisms) − Δ(plain) = "
                       f"{st['mean']:+.4f} ± {st['sd']:.4f} (SD), 95 % CI [{st['ci'][0]:+.4f}, {st['ci'][1]:+.4f}], "
@@ -162,15 +176,19 @@ def add_campaign_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep-workspaces", action="store_true")
 
 
-def run_arms(tmp: Path, args, arms, campaign, runs: list) -> None:
-    """args.repeats rounds of one campaign per arm, interleaved; figures saved after each (--out)."""
+def run_arms(tmp: Path, args, arms, campaign, runs: list, extra=None) -> None:
+    """args.repeats rounds of one campaign per arm, interleaved; figures saved after each (--out),
+    with extra(runs) (a dict: summaries so far) merged into the JSON."""
     try:
         for r in range(args.repeats):
             for arm in arms:
                 runs.append(campaign(tmp, args, arm, r))
                 if args.out:
-                    args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                                    "runs": runs}, indent=2))
+                    doc = {"args": {k: str(v) for k, v in vars(args).items()}, "runs": runs}
+                    doc.update(extra(runs) if extra else {})
+                    tmp_out = args.out.with_name(args.out.name + ".tmp")
+                    tmp_out.write_text(json.dumps(doc, indent=2))
+                    tmp_out.replace(args.out)      # a reader never sees half a file
     finally:
         if not args.keep_workspaces:
             shutil.rmtree(tmp, ignore_errors=True)

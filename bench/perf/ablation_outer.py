@@ -7,13 +7,18 @@
                                of --window experiments, each kept or reverted by its measured effect
 
     python bench/perf/ablation_outer.py                        # 3 repeats x 3 arms x 12 experiments
+    python bench/perf/ablation_outer.py --repeats 8 -n 6 --steps 10 --window 2 --eval-tokens 4096 --out o.json
+                                                               # the run in BENCHMARKS.md (≈ 100 min on 2 cores)
     python bench/perf/ablation_outer.py --repeats 1 -n 4 --steps 8 --out /tmp/outer.json   # a smoke run
 
 Campaigns are paired: repeat r of every arm uses the same agent seed, a fresh workspace on the
 same benchmark copy and budget, and arms are interleaved (none, builtin, outer, none, ...) so
 that machine load hits all of them alike. Figure of merit, as in the paper: Δ = best − baseline
 val_bpb at the end of each campaign (negative = better), mean ± SD over repeats; also the paired
-difference against the fixed built-in arm. The benchmark copy, MAX_STEPS pinning and thread count
+difference against the fixed built-in arm (Δ(none) − Δ(fixed) is the mechanisms ablation, Δ(outer) −
+Δ(fixed) the outer loop's) with a 95 % t-interval, the paired t and an exact sign-flip p-value; the
+JSON (--out, rewritten after every campaign) holds every campaign, these comparisons and a
+per-repeat table. The benchmark copy, MAX_STEPS pinning and thread count
 are those of ablation_mechanisms.py (see its docstring).
 """
 import argparse
@@ -28,7 +33,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ablation_mechanisms import add_campaign_args, bench_copy, run_arms  # noqa: E402
+from ablation_mechanisms import add_campaign_args, bench_copy, fmt_paired, paired_diffs, paired_stats, run_arms  # noqa: E402
 
 from mcp_server.agents.builtin import run_builtin  # noqa: E402
 from mcp_server.loop.setup import init_workspace  # noqa: E402
@@ -46,7 +51,10 @@ def campaign(tmp: Path, args, arm: str, repeat: int) -> dict:
     root = tmp / tag
     overrides = {"benchmark": {"eval_tokens": args.eval_tokens, "grace_seconds": 45.0},
                  "noise": {"baseline_seeds": args.baseline_seeds},
-                 "budget": {"max_experiments": args.baseline_seeds + 3 * args.n, "max_hours": 10.0}}
+                 # runs, as in ablation_mechanisms.py: baseline seeds, each candidate on the seed set, confirm
+                 # pairs, seed-set re-measures (a budget stop would end one arm's campaign early)
+                 "budget": {"max_experiments": 3 * args.baseline_seeds + (args.baseline_seeds + 2) * args.n,
+                            "max_hours": 10.0}}
     t0 = time.monotonic()
     ws = init_workspace(root, tag=tag, corpus=args.corpus, time_budget=args.time_budget, overrides=overrides,
                         bench_dir=bench_copy(tmp / f"bench-{tag}", args.steps, args.batch, args.threads))
@@ -84,20 +92,56 @@ def _ms(xs: list[float]) -> str:
     return f"{statistics.fmean(xs):+.4f} ± {statistics.stdev(xs) if len(xs) > 1 else 0.0:.4f}"
 
 
+def comparisons(runs: list[dict]) -> dict:
+    """The paired comparisons against the fixed built-in arm, and the per-repeat table (for the JSON).
+
+    none_vs_builtin: d_r = Δ(none) − Δ(builtin), the mechanisms ablation (positive = the mechanisms
+    found more); outer_vs_builtin: d_r = Δ(outer) − Δ(builtin) (negative = the outer loop found more)."""
+    out: dict = {}
+    for arm in ("none", "outer"):
+        pairs = paired_diffs(runs, arm, "builtin")
+        st = paired_stats([d for _, d in pairs])
+        out[f"{arm}_vs_builtin"] = {**st, "diffs": dict(pairs)}
+    table = []
+    for k in sorted({r["repeat"] for r in runs}):
+        row: dict = {"repeat": k}
+        for r in (r for r in runs if r["repeat"] == k):
+            row[r["arm"]] = {"delta": r["delta"], "baseline": r["baseline"], "best": r["best"], "kept": r["kept"],
+                             "experiments": r["experiments"], "seconds": r["seconds"],
+                             "trials": [(t["name"], t["outcome"]) for t in r["trials"]]}
+        for arm in ("none", "outer"):
+            d = out[f"{arm}_vs_builtin"]["diffs"].get(k)
+            row[f"d_{arm}_vs_builtin"] = d
+        table.append(row)
+    return {"paired": out, "per_repeat": table}
+
+
 def summarise(runs: list[dict]) -> str:
-    lines = ["| Method | Δ val_bpb (best − baseline), mean ± SD | paired Δ vs fixed built-in | kept / campaign | "
-             "mechanism trials (kept / reverted) | runs |", "|---|---|---|---|---|---|"]
-    ref = {r["repeat"]: r["delta"] for r in runs if r["arm"] == "builtin" and r["delta"] is not None}
+    cmp = comparisons(runs)["paired"]
+    lines = ["| Method | Δ val_bpb (best − baseline), mean ± SD | paired Δ − Δ(fixed): mean [95 % CI], t, sign-flip p | "
+             "kept / campaign | mechanism trials (kept / reverted) | campaigns |", "|---|---|---|---|---|---|"]
     for arm, label in ARMS:
         rs = [r for r in runs if r["arm"] == arm and r["delta"] is not None]
         if not rs:
             continue
-        paired = [r["delta"] - ref[r["repeat"]] for r in rs if r["repeat"] in ref] if arm != "builtin" else []
         kept_t = sum(t["outcome"] == "kept" for r in rs for t in r["trials"])
         rev_t = sum(t["outcome"] in ("reverted", "failed") for r in rs for t in r["trials"])
-        lines.append(f"| {label} | {_ms([r['delta'] for r in rs])} | {_ms(paired) if paired else '—'} | "
+        paired = "—" if arm == "builtin" else fmt_paired(cmp[f"{arm}_vs_builtin"])
+        lines.append(f"| {label} | {_ms([r['delta'] for r in rs])} | {paired} | "
                      f"{statistics.fmean(r['kept'] for r in rs):.1f} | "
                      f"{f'{kept_t} / {rev_t}' if arm == 'outer' else '—'} | {len(rs)} |")
+    lines += ["", "Paired over repeats (same agent seed); sign: none − fixed > 0 = the fixed mechanisms found more, "
+              "outer − fixed < 0 = the outer loop found more.",
+              "", "| repeat | Δ none | Δ fixed | Δ outer | none − fixed | outer − fixed | outer trials |",
+              "|---|---|---|---|---|---|---|"]
+
+    def f(x):
+        return "—" if x is None else f"{x:+.4f}"
+    for row in comparisons(runs)["per_repeat"]:
+        trials = ", ".join(f"{n} {o}" for n, o in (row.get("outer") or {}).get("trials", [])) or "—"
+        lines.append(f"| {row['repeat']} | {f((row.get('none') or {}).get('delta'))} | "
+                     f"{f((row.get('builtin') or {}).get('delta'))} | {f((row.get('outer') or {}).get('delta'))} | "
+                     f"{f(row['d_none_vs_builtin'])} | {f(row['d_outer_vs_builtin'])} | {trials} |")
     return "\n".join(lines)
 
 
@@ -120,7 +164,7 @@ def main() -> int:
     t0 = time.monotonic()
     print(f"outer-loop ablation: {args.repeats} repeats x {len(arms)} arms, {args.n} experiments each, window "
           f"{args.window}, MAX_STEPS {args.steps}, workspaces under {tmp}", flush=True)
-    run_arms(tmp, args, arms, campaign, runs)
+    run_arms(tmp, args, arms, campaign, runs, extra=comparisons)
     print(f"\n{summarise(runs)}\n\ntotal {time.monotonic() - t0:.0f} s")
     return 0
 
