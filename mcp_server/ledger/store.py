@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional
 
-EXPERIMENT_STATUSES = ("running", "ok", "crash", "timeout", "rejected", "interrupted")
+EXPERIMENT_STATUSES = ("running", "ok", "crash", "timeout", "rejected", "interrupted", "lost")
 VERDICTS = ("baseline", "keep", "discard", "retest", "pending_approval")
 STOP_KEY = "stop_requested"      # kv key of the person's stop request (one home: Ledger.request_stop)
 
@@ -240,13 +240,65 @@ def _widen_verdicts(c: sqlite3.Connection) -> None:
 # 9: verdict 'pending_approval' (a keep that waits for a person under autonomy = approve-keeps)
 MIGRATIONS.append(_widen_verdicts)
 
+
+def _widen_statuses(c: sqlite3.Connection) -> None:
+    """Allow status 'lost' (the worker or node running it died; it was re-queued once). The same table
+    rebuild as _widen_verdicts."""
+    sql = c.execute("SELECT sql FROM sqlite_master WHERE type='table' AND name='experiments'").fetchone()[0]
+    if "'lost'" in sql:
+        return
+    new, n = re.subn(r"(CHECK\s*\(\s*status\s+IN\s*\()([^)]*)\)", r"\1\2,'lost')", sql, count=1)
+    if n != 1:
+        raise LedgerError("cannot find the status CHECK constraint of the experiments table to widen")
+    _rebuild_experiments(c, new)
+
+
+def _rebuild_experiments(c: sqlite3.Connection, new: str) -> None:
+    new, n = re.subn(r"^CREATE TABLE\s+\"?experiments\"?", "CREATE TABLE experiments_new", new, count=1)
+    if n != 1:
+        raise LedgerError("unexpected definition of the experiments table")
+    indexes = [r[0] for r in c.execute("SELECT sql FROM sqlite_master WHERE type='index' AND tbl_name='experiments' "
+                                       "AND sql IS NOT NULL")]
+    before = c.execute("SELECT COUNT(*) FROM experiments").fetchone()[0]
+    c.execute(new)
+    c.execute("INSERT INTO experiments_new SELECT * FROM experiments")
+    c.execute("DROP TABLE experiments")
+    c.execute("ALTER TABLE experiments_new RENAME TO experiments")
+    for stmt in indexes:
+        c.execute(stmt)
+    if c.execute("SELECT COUNT(*) FROM experiments").fetchone()[0] != before:
+        raise LedgerError("rebuilding the experiments table lost rows; nothing was changed")
+
+
+# 10: status 'lost' (asynchronous runs on an executor: a dead worker or node)
+MIGRATIONS.append(_widen_statuses)
+# 11: asynchronous experiments: what the agent submitted (its id -> the candidate row that now stands for it,
+# re-measured or re-queued ones included) and the runs handed to an executor and not yet recorded
+MIGRATIONS.append("""
+    CREATE TABLE submissions (
+        id INTEGER PRIMARY KEY REFERENCES experiments(id),
+        campaign_id INTEGER NOT NULL REFERENCES campaigns(id),
+        current_id INTEGER NOT NULL REFERENCES experiments(id),
+        submitted_at REAL NOT NULL,
+        decided_at REAL
+    );
+    CREATE INDEX submissions_open ON submissions(campaign_id, decided_at);
+    CREATE TABLE inflight (
+        run_id INTEGER PRIMARY KEY REFERENCES experiments(id),
+        campaign_id INTEGER NOT NULL REFERENCES campaigns(id),
+        attempt INTEGER NOT NULL DEFAULT 1,
+        executor TEXT NOT NULL,
+        submitted_at REAL NOT NULL
+    )
+""")
+
 # Columns an experiment row may be updated with (guards against typos reaching SQL).
 _EXPERIMENT_FIELDS = {
     "commit_sha", "parent_commit", "description", "hypothesis", "status", "verdict", "verdict_reason",
     "is_baseline", "confirm_of", "seed", "val_bpb", "test_bpb", "training_seconds", "total_seconds",
     "eval_seconds", "memory_gb", "num_steps", "num_params_m", "lines_added", "lines_removed",
     "source_sha", "reason", "log_tail", "metrics_json", "session_id", "finished_at",
-    "role", "paired_with", "seed_set",
+    "role", "paired_with", "seed_set", "started_at",
 }
 
 
@@ -437,6 +489,51 @@ class Ledger:
     def running_experiments(self) -> list[dict]:
         return [dict(r) for r in self.conn.execute("SELECT * FROM experiments WHERE status='running'")]
 
+    def count_running(self, campaign_id: int) -> int:
+        return int(self.conn.execute("SELECT COUNT(*) FROM experiments WHERE campaign_id=? AND status='running'",
+                                     (campaign_id,)).fetchone()[0])
+
+    # -- asynchronous experiments (loop/asyncrun.py) ----------------------------------------------
+    def add_submission(self, campaign_id: int, experiment_id: int) -> None:
+        with self.tx() as c:
+            c.execute("INSERT INTO submissions(id, campaign_id, current_id, submitted_at) VALUES (?,?,?,?)",
+                      (experiment_id, campaign_id, experiment_id, time.time()))
+
+    def submission(self, submission_id: int) -> Optional[dict]:
+        return _row(self.conn.execute("SELECT * FROM submissions WHERE id=?", (submission_id,)).fetchone())
+
+    def submissions(self, campaign_id: int, open_only: bool = False) -> list[dict]:
+        sql = "SELECT * FROM submissions WHERE campaign_id=?" + (" AND decided_at IS NULL" if open_only else "")
+        return [dict(r) for r in self.conn.execute(sql + " ORDER BY id", (campaign_id,))]
+
+    def set_submission(self, submission_id: int, current_id: Optional[int] = None, decided: bool = False) -> None:
+        with self.tx() as c:
+            if current_id is not None:
+                c.execute("UPDATE submissions SET current_id=? WHERE id=?", (current_id, submission_id))
+            if decided:
+                c.execute("UPDATE submissions SET decided_at=? WHERE id=?", (time.time(), submission_id))
+
+    def add_inflight(self, run_id: int, campaign_id: int, executor: str, attempt: int = 1) -> None:
+        with self.tx() as c:
+            c.execute("INSERT OR REPLACE INTO inflight(run_id, campaign_id, attempt, executor, submitted_at) "
+                      "VALUES (?,?,?,?,?)", (run_id, campaign_id, attempt, executor, time.time()))
+
+    def inflight(self, campaign_id: Optional[int] = None) -> list[dict]:
+        if campaign_id is None:
+            return [dict(r) for r in self.conn.execute("SELECT * FROM inflight ORDER BY run_id")]
+        return [dict(r) for r in self.conn.execute("SELECT * FROM inflight WHERE campaign_id=? ORDER BY run_id",
+                                                   (campaign_id,))]
+
+    def remove_inflight(self, run_id: int) -> None:
+        with self.tx() as c:
+            c.execute("DELETE FROM inflight WHERE run_id=?", (run_id,))
+
+    def repoint_runs(self, old_id: int, new_id: int) -> None:
+        """A re-queued run replaces a lost one: runs paired with it, or confirming it, point at the new one."""
+        with self.tx() as c:
+            c.execute("UPDATE experiments SET paired_with=? WHERE paired_with=?", (new_id, old_id))
+            c.execute("UPDATE experiments SET confirm_of=? WHERE confirm_of=? AND id != ?", (new_id, old_id, new_id))
+
     def baseline_samples(self, campaign_id: int) -> list[float]:
         # No ORDER BY: it would steer SQLite to the (campaign_id, id) index and a full scan.
         rows = self.conn.execute(
@@ -493,7 +590,7 @@ class Ledger:
     def usage(self, campaign_id: int) -> tuple[int, float]:
         """(finished experiments, compute hours) in one pass over the covering index."""
         r = self.conn.execute(
-            "SELECT COALESCE(SUM(status != 'running'), 0), "
+            "SELECT COALESCE(SUM(status NOT IN ('running','lost')), 0), "
             "COALESCE(SUM(COALESCE(finished_at, ?) - started_at), 0) FROM experiments WHERE campaign_id=?",
             (time.time(), campaign_id)).fetchone()
         return int(r[0]), float(r[1]) / 3600.0

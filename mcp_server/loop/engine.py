@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from mcp_server.common.locks import FileLock
-from mcp_server.loop import approvals, gitops, integrity, runner, verdict
+from mcp_server.loop import approvals, asyncrun, gitops, integrity, runner, verdict
 from mcp_server.loop import budget as budgetmod
 from mcp_server.loop import text as textmod
+from mcp_server.loop.errors import Busy, LoopError
 from mcp_server.loop.models import (
     BaselineInfo,
     BudgetResult,
@@ -29,7 +30,9 @@ from mcp_server.loop.models import (
     RevertResult,
     ScoreResult,
     StateView,
+    SubmitResult,
     Summary,
+    WaitResult,
 )
 from mcp_server.loop.workspace import Workspace, sinks_for
 
@@ -38,12 +41,7 @@ STATE_VIEWS = ("summary", "history", "best", "notes", "noise", "tried")
 PLATEAU_EVERY = 10
 
 
-class LoopError(RuntimeError):
-    """An error an agent can act on: the message says what to do next."""
-
-
-class Busy(LoopError):
-    pass
+__all__ = ["Engine", "LoopError", "Busy"]
 
 
 class Engine:
@@ -191,6 +189,18 @@ class Engine:
         running = self.ledger.running_experiments()
         if not running:
             return []
+        inflight = {r["run_id"] for r in self.ledger.inflight()}
+        if inflight:   # asynchronous runs: their driver's; a dead driver's are reconciled here (no re-queue)
+            running = [r for r in running if r["id"] not in inflight]
+            if not asyncrun.driver_alive_elsewhere(self):
+                try:
+                    with self._exclusive():
+                        asyncrun.reconcile(self, None)
+                        asyncrun.settle(self, None)
+                except Busy:
+                    pass
+            if not running:
+                return []
         try:
             with self._exclusive():
                 done = []
@@ -281,6 +291,11 @@ class Engine:
             confirm_of = _experiment_id(confirm_of, "confirm_of")
         with self._exclusive():
             c = self.campaign
+            pending = self.ledger.submissions(c["id"], open_only=True)
+            if pending:
+                raise LoopError(f"{len(pending)} submitted experiment(s) are not decided yet "
+                                f"({', '.join('#' + str(p['id']) for p in pending)}): call wait() for them first "
+                                "(run_experiment compares against the best, which they may still move)")
             status = self.budget(c)
             if status.should_stop:
                 raise LoopError(f"the campaign budget is spent ({'; '.join(status.reasons)}); stop here.")
@@ -603,25 +618,11 @@ class Engine:
             ids = [exp["id"]] + [r["id"] for r in self.ledger.confirm_runs(exp["id"])]
             for i in ids:
                 self.ledger.update_experiment(i, verdict=v.kind, verdict_reason=v.reason)
-            sinks = sinks_for(self.ws.cfg)
             held = approvals.hold_keep(self, c, exp, v, samples, best_mean, sig) if v.kind == "keep" else None
             if held is not None:   # autonomy approve-keeps: the keep waits on a person (loop/approvals.py)
                 v, nxt = held
             elif v.kind == "keep":
-                previous = best_mean
-                self.ledger.set_best(c["id"], exp["commit_sha"], exp["id"])
-                base = self.ledger.baseline_samples(c["id"])
-                test = [r["test_bpb"] for r in [exp] + self.ledger.confirm_runs(exp["id"]) if r["test_bpb"]]
-                self.ledger.add_event(c["id"], "keep", {
-                    "experiment_id": exp["id"], "commit": exp["commit_sha"], "description": exp["description"],
-                    "val_bpb": statistics.fmean(samples), "previous_best": previous,
-                    "baseline": statistics.fmean(base) if base else None,
-                    "delta_vs_best": statistics.fmean(samples) - previous,
-                    "delta_vs_baseline": statistics.fmean(samples) - statistics.fmean(base) if base else None,
-                    "sigma": sig, "threshold": v.threshold, "tag": c["tag"], "paired_gain": v.gain,
-                    "plot_path": str(self.ws.reports_dir / "progress.png"),
-                    "test_bpb": statistics.fmean(test) if test else None,
-                    "test_divergence": self._test_divergence(c, exp, samples, test)}, sinks)
+                self._record_keep(c, exp, v, samples, best_mean, sig)
                 nxt = "Kept: the branch advanced. Write a note about what worked, then try the next idea."
             elif v.kind == "retest":
                 nxt = (f"Too close to call. Do not edit train.py; call run_experiment(description='confirm', "
@@ -639,6 +640,23 @@ class Engine:
                                best_val_bpb=best_after, best_commit=c["best_commit"][:10], reason=v.reason,
                                pairs=pairs, interval=(round(lo, 6), round(hi, 6)), early_stop=v.early_stop,
                                mde=round(verdict.mde(sig, noise, noise.baseline_seeds), 6), next_step=nxt)
+
+    def _record_keep(self, c: dict, exp: dict, v: verdict.Verdict, samples: list[float], previous: float,
+                     sig: float) -> None:
+        """A keep: the best moves to the experiment (the branch is moved by the caller), the keep event."""
+        self.ledger.set_best(c["id"], exp["commit_sha"], exp["id"])
+        base = self.ledger.baseline_samples(c["id"])
+        test = [r["test_bpb"] for r in [exp] + self.ledger.confirm_runs(exp["id"]) if r["test_bpb"]]
+        self.ledger.add_event(c["id"], "keep", {
+            "experiment_id": exp["id"], "commit": exp["commit_sha"], "description": exp["description"],
+            "val_bpb": statistics.fmean(samples), "previous_best": previous,
+            "baseline": statistics.fmean(base) if base else None,
+            "delta_vs_best": statistics.fmean(samples) - previous,
+            "delta_vs_baseline": statistics.fmean(samples) - statistics.fmean(base) if base else None,
+            "sigma": sig, "threshold": v.threshold, "tag": c["tag"], "paired_gain": v.gain,
+            "plot_path": str(self.ws.reports_dir / "progress.png"),
+            "test_bpb": statistics.fmean(test) if test else None,
+            "test_divergence": self._test_divergence(c, exp, samples, test)}, sinks_for(self.ws.cfg))
 
     def _scorable(self, c: dict, experiment_id: Optional[int]) -> dict:
         if experiment_id is None:
@@ -686,6 +704,34 @@ class Engine:
             (c["id"],))
         if since and since % PLATEAU_EVERY == 0:
             self.ledger.add_event(c["id"], "plateau", {"experiments_since_keep": since}, sinks_for(self.ws.cfg))
+
+    # -- asynchronous experiments (loop/asyncrun.py, on the executor of the [executor] settings) ----------
+    def submit_experiment(self, description: str, hypothesis: Optional[str] = None,
+                          session_id: Optional[int] = None) -> SubmitResult:
+        """Snapshot train.py into a commit (branch, index and working tree untouched: the agent edits on),
+        queue its runs on the executor -- any reference runs of the best it needs, then the candidate on
+        every seed of the seed set, paired, in parallel up to `[executor] parallel` -- and return its id at
+        once. The first submission with an unchanged train.py measures the baseline. The verdict comes when
+        all its runs are in, against the best at that time (a stale candidate is rebased and re-measured);
+        wait() or state_read() record it. Raises LoopError (nothing recorded) when the budget cannot hold
+        its runs, the executor cannot be reached, or another process drives this workspace."""
+        return asyncrun.submit(self, description, hypothesis, session_id)
+
+    def wait(self, ids: Optional[list[int]] = None, timeout: float = 600.0) -> WaitResult:
+        """Record finished runs and decide what can be decided; block until every id in `ids` is decided
+        (ids=None: until any experiment open at the call is), or `timeout` seconds passed."""
+        return asyncrun.wait(self, ids, timeout)
+
+    def poll(self) -> None:
+        """Record what this process's driver finished, without blocking (no driver here: nothing)."""
+        drv = asyncrun.driver_for(self, create=False)
+        if drv is None:
+            return
+        try:
+            with self._exclusive():
+                asyncrun.settle(self, drv)
+        except Busy:
+            pass
 
     # -- revert -----------------------------------------------------------------
     def revert(self, to: Optional[int] = None) -> RevertResult:
@@ -756,9 +802,13 @@ class Engine:
         if view not in STATE_VIEWS:
             raise LoopError(f"unknown view {view!r}; use one of {', '.join(STATE_VIEWS)}")
         limit = max(1, min(int(limit), 500))
+        self.poll()
         c = self.campaign
         out = StateView(view=view)
         if view == "summary":
+            running, pending = asyncrun.in_flight_rows(self, c)
+            out.in_flight = [ExperimentRow.from_row(r) for r in running]
+            out.pending = pending
             out.summary = self.summary(c)
             out.experiments = [ExperimentRow.from_row(r) for r in
                                self.ledger.experiments(c["id"], limit=min(limit, 5), newest_first=True)]

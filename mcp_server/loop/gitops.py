@@ -21,6 +21,7 @@ import hashlib
 import os
 import re
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Iterable, Optional
 
@@ -353,3 +354,49 @@ def git_hook_problems(root: Path | str) -> list[str]:
     if attrs.is_symlink() or (attrs.exists() and (not attrs.is_file() or attrs.read_bytes().strip())):
         out.append(".git/info/attributes")
     return out
+
+
+# -- snapshots and merges for asynchronous experiments (loop/asyncrun.py) ----------------------------
+
+def _git(root: Path | str, *args: str, data: Optional[bytes] = None, env: Optional[dict] = None) -> bytes:
+    proc = subprocess.run(["git", *args], cwd=root, input=data, capture_output=True,
+                          env={**safe_env(), **_driver_overrides(root), **(env or {})},
+                          stdin=None if data is not None else subprocess.DEVNULL)
+    if proc.returncode != 0:
+        raise GitError(f"git {args[0]} failed: {proc.stderr.decode(errors='replace').strip()[-500:]}")
+    return proc.stdout
+
+
+def snapshot_commit(root: Path, parent: str, files: dict[str, bytes], message: str, ref: str) -> str:
+    """A commit of `parent`'s tree with `files` replaced, made without touching the working tree, the index
+    or the branch (a private index file); kept alive by `ref` (refs/loopwright/...). Returns its sha."""
+    with tempfile.TemporaryDirectory(prefix="loopwright-index-") as d:
+        env = {"GIT_INDEX_FILE": str(Path(d) / "index")}
+        _git(root, "read-tree", parent, env=env)
+        for rel, data in files.items():
+            blob = _git(root, "hash-object", "-w", "--no-filters", "--stdin", data=data).decode().strip()
+            _git(root, "update-index", "--add", "--cacheinfo", f"100644,{blob},{rel}", env=env)
+        tree = _git(root, "write-tree", env=env).decode().strip()
+    env = {"GIT_AUTHOR_NAME": AUTHOR.name, "GIT_AUTHOR_EMAIL": AUTHOR.email,
+           "GIT_COMMITTER_NAME": AUTHOR.name, "GIT_COMMITTER_EMAIL": AUTHOR.email}
+    sha = _git(root, "commit-tree", tree, "-p", parent, data=message.encode(), env=env).decode().strip()
+    _git(root, "update-ref", ref, sha)
+    return sha
+
+
+def update_ref(root: Path, ref: str, sha: str) -> None:
+    _git(root, "update-ref", ref, sha)
+
+
+def merge_file(base: bytes, ours: bytes, theirs: bytes) -> tuple[bytes, bool]:
+    """git's 3-way merge of one file's contents: (merged bytes, True when it conflicted)."""
+    with tempfile.TemporaryDirectory(prefix="loopwright-merge-") as d:
+        paths = []
+        for name, data in (("ours", ours), ("base", base), ("theirs", theirs)):
+            (Path(d) / name).write_bytes(data)
+            paths.append(str(Path(d) / name))
+        proc = subprocess.run(["git", "merge-file", "-p", "--quiet", *paths], capture_output=True,
+                              env=safe_env(), stdin=subprocess.DEVNULL)
+    if proc.returncode < 0 or proc.returncode > 127:
+        raise GitError(f"git merge-file failed: {proc.stderr.decode(errors='replace').strip()[-300:]}")
+    return proc.stdout, proc.returncode != 0

@@ -159,8 +159,47 @@ class StateView(BaseModel):
     notes: list[NoteRow] = Field(default_factory=list)
     noise: Optional[NoiseInfo] = None
     tried: list[str] = Field(default_factory=list, description="descriptions of every experiment so far")
+    in_flight: list[ExperimentRow] = Field(default_factory=list, description="runs queued or running now")
+    pending: list[int] = Field(default_factory=list, description="submitted experiments without a verdict yet")
 
 
 class NoteResult(BaseModel):
     note_id: int
     kind: str
+
+
+class SubmitResult(BaseModel):
+    """submit_experiment: the experiment is queued; train.py is free for the next edit."""
+    experiment_id: int = Field(description="the id to wait() for")
+    kind: Literal["candidate", "baseline"]
+    commit: str = Field(description="the snapshot of train.py that runs (the branch does not move)")
+    seeds: list[int] = Field(default_factory=list)
+    runs: list[int] = Field(default_factory=list, description="the run rows queued for this experiment")
+    reference_runs: list[int] = Field(default_factory=list, description="runs of the best version it needs first")
+    in_flight: int = Field(0, description="runs queued or running on the executor, all experiments")
+    executor: str = ""
+    next_step: str = ""
+
+
+class AsyncResult(BaseModel):
+    """Where a submitted experiment stands."""
+    experiment_id: int = Field(description="the id submit_experiment returned")
+    current_id: int = Field(description="the candidate row that stands for it now (a rebase re-measures it as a new row)")
+    state: Literal["running", "decided"]
+    status: str = Field(description="the candidate row's status (running, ok, crash, timeout, rejected, lost, ...)")
+    verdict: Optional[str] = None
+    reason: Optional[str] = None
+    val_bpb: Optional[float] = None
+    delta_vs_best: Optional[float] = Field(None, description="mean paired difference (negative = better)")
+    pairs: list[PairInfo] = Field(default_factory=list)
+    commit: Optional[str] = None
+    lost_runs: list[int] = Field(default_factory=list, description="runs whose worker died (each re-queued once)")
+    rebased_from: list[int] = Field(default_factory=list, description="earlier candidate rows, measured against a "
+                                    "best that moved on")
+
+
+class WaitResult(BaseModel):
+    results: list[AsyncResult] = Field(default_factory=list)
+    in_flight: list[int] = Field(default_factory=list, description="submitted experiments not decided yet")
+    timed_out: bool = False
+    next_step: str = ""

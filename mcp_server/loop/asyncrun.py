@@ -1,0 +1,635 @@
+"""Asynchronous experiments: submit_experiment / wait, on an executor (mcp_server/executors/).
+
+    submit   snapshot the editable files into a commit (the branch, index and working tree stay as they
+             are: the agent edits on), queue its runs -- the reference runs of the best it still needs,
+             then the candidate on every seed of the seed set, paired -- and return its id at once.
+    wait     record what finished, decide what can be decided, return results.
+
+One driver per workspace and process (`Driver`: the executor, a queue, a pump thread, the driver lock
+`driver.lock` in the state directory, held while it lives). The engine's thread is the only writer of
+the ledger and git; the pump thread only moves specs to the executor and outcomes back.
+
+Rules:
+- Budget: a submission needs all its runs to fit: finished + running + planned <= max_experiments
+  (lost runs do not count: their re-queued run does). Nothing is submitted once the budget is spent.
+- Verdicts are against the best at decision time. A candidate whose parent is no longer the best is
+  rebased (git's 3-way merge of each editable file onto the new best) and re-measured as a new candidate
+  row, paired with the new best's runs; a conflict, or a change the best already holds, is a discard
+  with that reason. Never compared against a stale reference.
+- A retest verdict queues the confirm pair itself (fresh seed: the best and the candidate).
+- A lost run (dead worker or node) is recorded as `lost` and re-queued once; lost twice discards it.
+- Driver restart: runs recorded in `inflight` whose outcome.json is in their run directory are recorded;
+  the others are marked interrupted and re-queued once (without a driver: left interrupted).
+- Autonomy other than `closed` is refused (a person's approval holds a synchronous cycle).
+"""
+from __future__ import annotations
+
+import collections
+import json
+import statistics
+import threading
+import time
+from typing import TYPE_CHECKING, Optional
+
+from mcp_server.common.locks import FileLock, HeldLock
+from mcp_server.executors.base import OUTCOME_NAME, Executor, ExecutorError, RunOutcome, RunSpec
+from mcp_server.executors.factory import make_executor
+from mcp_server.loop import gitops, integrity, sandbox, verdict
+from mcp_server.loop import text as textmod
+from mcp_server.loop.errors import LoopError
+from mcp_server.loop.models import AsyncResult, SubmitResult, WaitResult
+from mcp_server.loop.workspace import sinks_for
+
+if TYPE_CHECKING:
+    from mcp_server.loop.engine import Engine
+
+FAILED = ("crash", "timeout", "rejected", "interrupted")
+MAX_ATTEMPTS = 2          # a lost run is re-queued once
+
+
+class Driver:
+    """The executor of one workspace in this process, fed by a queue (at most `capacity` runs in flight)."""
+
+    def __init__(self, executor: Executor, lock: HeldLock):
+        self.ex = executor
+        self._lock = lock
+        self._cond = threading.Condition()
+        self._queue: collections.deque[RunSpec] = collections.deque()
+        self._done: list[RunOutcome] = []
+        self.dispatched: dict[int, float] = {}     # run id -> when the executor got it
+        self.reconciled = False                    # what a previous driver left: handled at the first settle
+        self._stop = False
+        self._thread = threading.Thread(target=self._pump, name="loopwright-driver", daemon=True)
+        self._thread.start()
+
+    def enqueue(self, spec: RunSpec) -> None:
+        with self._cond:
+            self._queue.append(spec)
+            self._cond.notify_all()
+
+    def take_done(self) -> list[RunOutcome]:
+        with self._cond:
+            out, self._done = self._done, []
+            return out
+
+    def wait_for_outcome(self, timeout: float) -> None:
+        with self._cond:
+            if not self._done:
+                self._cond.wait(timeout)
+
+    def busy(self) -> int:
+        with self._cond:
+            return len(self._queue) + len(self.dispatched)
+
+    def _pump(self) -> None:
+        while not self._stop:
+            with self._cond:
+                while self._queue and len(self.dispatched) < self.ex.capacity:
+                    spec = self._queue.popleft()
+                    try:
+                        self.ex.submit(spec)
+                        self.dispatched[spec.run_id] = time.time()
+                    except Exception as e:  # noqa: BLE001 - an outcome, never a dead pump
+                        self._done.append(RunOutcome(spec.run_id, "lost", f"the executor refused it: {e}"))
+                        self._cond.notify_all()
+                idle = not self.dispatched
+                if idle:
+                    self._cond.wait(0.5)
+                    continue
+            try:
+                outs = self.ex.wait(timeout=0.5)
+            except Exception as e:  # noqa: BLE001 - keep pumping; the error is every in-flight run's outcome
+                outs = [RunOutcome(h, "lost", f"the executor failed: {type(e).__name__}: {e}") for h in self.ex.in_flight()]
+                for h in self.ex.in_flight():
+                    self.ex.cancel(h)
+            if outs:
+                with self._cond:
+                    for o in outs:
+                        self.dispatched.pop(o.run_id, None)
+                    self._done.extend(outs)
+                    self._cond.notify_all()
+
+    def close(self) -> None:
+        self._stop = True
+        with self._cond:
+            self._cond.notify_all()
+        self._thread.join(timeout=5)
+        self.ex.close()
+        self._lock.release()
+
+
+_DRIVERS: dict[str, Driver] = {}
+_DRIVERS_LOCK = threading.Lock()
+
+
+def driver_for(eng: "Engine", create: bool = True) -> Optional[Driver]:
+    """This process's driver for the workspace (made on first use: the executor is connected, what a dead
+    driver left in flight is reconciled). LoopError when another process drives it or the executor fails."""
+    key = str(eng.ws.state_dir)
+    with _DRIVERS_LOCK:
+        drv = _DRIVERS.get(key)
+        if drv is not None or not create:
+            return drv
+        held = FileLock(eng.ws.state_dir / "driver.lock").try_acquire()
+        if held is None:
+            raise LoopError("another process drives the asynchronous experiments of this workspace (see "
+                            f"{eng.ws.state_dir / 'driver.lock'}); submit and wait through it (its MCP server), "
+                            "or wait for it to end")
+        cfg = eng.ws.cfg.executor
+        c = eng.campaign
+        try:
+            ex = make_executor(cfg, eng.ws.data_dir, eng.ws.state_dir / "work", eng.ws.run_dir,
+                               integrity.pinned_lock(eng.ws, c["pinned_commit"])["data"])
+        except ExecutorError as e:
+            held.release()
+            raise LoopError(str(e)) from None
+        except BaseException:
+            held.release()
+            raise
+        drv = Driver(ex, held)
+        _DRIVERS[key] = drv
+    return drv
+
+
+def close_driver(eng: "Engine") -> None:
+    """Stop this process's driver of the workspace (what is in flight is cancelled; a later driver
+    reconciles it)."""
+    with _DRIVERS_LOCK:
+        drv = _DRIVERS.pop(str(eng.ws.state_dir), None)
+    if drv is not None:
+        drv.close()
+
+
+def driver_alive_elsewhere(eng: "Engine") -> bool:
+    """True when some driver (this process's or another's) holds the workspace's driver lock."""
+    if str(eng.ws.state_dir) in _DRIVERS:
+        return True
+    held = FileLock(eng.ws.state_dir / "driver.lock").try_acquire()
+    if held is None:
+        return True
+    held.release()
+    return False
+
+
+# -- specs ------------------------------------------------------------------------------------------
+
+def spec_for(eng: "Engine", c: dict, row: dict) -> RunSpec:
+    """A run of row's commit on row's seed, everything by content."""
+    root, pinned = eng.ws.root, c["pinned_commit"]
+    sources = {}
+    for rel in eng.ws.cfg.paths.editable:
+        try:
+            sources[rel] = gitops.blob_bytes(root, row["commit_sha"], rel).decode("utf-8", "replace")
+        except gitops.GitError:
+            pass
+    evaluator = {"prepare.py": gitops.verified_blob_bytes(root, pinned, "prepare.py"),
+                 "loopwright.toml": gitops.verified_blob_bytes(root, pinned, "loopwright.toml")}
+    return RunSpec(run_id=row["id"], seed=int(row["seed"]), sources=sources, evaluator=evaluator,
+                   data=integrity.pinned_lock(eng.ws, pinned)["data"], unsafe=sandbox.unsafe_requested(),
+                   label=f"#{row['id']} {row['role']} seed {row['seed']}")
+
+
+def _queue_row(eng: "Engine", drv: Optional[Driver], c: dict, row_id: int, attempt: int = 1) -> None:
+    if drv is None:
+        raise LoopError("no driver to queue runs on")
+    row = eng.ledger.experiment(row_id)
+    assert row is not None
+    eng.ledger.add_inflight(row_id, c["id"], drv.ex.kind, attempt)
+    drv.enqueue(spec_for(eng, c, row))
+
+
+def _room(eng: "Engine", c: dict) -> Optional[int]:
+    """Runs the budget still allows, counting those in flight (None: no limit)."""
+    cap = eng.ws.cfg.budget.max_experiments
+    if cap is None:
+        return None
+    used, _ = eng.ledger.usage(c["id"])
+    return cap - used - eng.ledger.count_running(c["id"])
+
+
+def _reference_rows(eng: "Engine", c: dict, seeds: list[int]) -> dict[int, int]:
+    """seed -> a run of the best on it (a recorded ok one, or one in flight), for the seeds that have one."""
+    have = {s: r["id"] for s, r in eng.reference_runs(c).items()}
+    for r in eng.ledger.experiments(c["id"], where="commit_sha=? AND status='running' AND seed IS NOT NULL",
+                                    params=(c["best_commit"],)):
+        have.setdefault(r["seed"], r["id"])
+    return {s: have[s] for s in seeds if s in have}
+
+
+def _start_reference(eng: "Engine", c: dict, seed: int, set_index: Optional[int], why: str, session_id) -> int:
+    best_id = c["best_experiment_id"]
+    label = f"baseline (seed {seed}, {why})" if best_id is None else f"reference: best #{best_id} on seed {seed} ({why})"
+    return eng.ledger.start_experiment(
+        c["id"], label, commit_sha=c["best_commit"], parent_commit=c["best_commit"], is_baseline=int(best_id is None),
+        confirm_of=best_id, session_id=session_id, role="baseline" if best_id is None else "reference",
+        seed=seed, seed_set=set_index, lines_added=0, lines_removed=0)
+
+
+def _plan_candidate(eng: "Engine", drv: Optional[Driver], c: dict, commit: str, description: str,
+                    hypothesis: Optional[str], source_sha: str, session_id) -> tuple[int, list[int], list[int], list[int]]:
+    """Rows for a candidate at `commit` (parent: the best now) on the seed set, paired with the best's runs
+    (queued where missing). Returns (candidate id, run ids, reference run ids queued, seeds)."""
+    set_index, seeds = eng.seed_set(c)
+    refs = _reference_rows(eng, c, seeds)
+    new_refs = []
+    for s in seeds:
+        if s not in refs:
+            refs[s] = _start_reference(eng, c, s, set_index, f"seed set {set_index}", session_id)
+            new_refs.append(refs[s])
+    added, removed = gitops.diff_stats(eng.ws.root, c["best_commit"], commit, eng.ws.cfg.paths.editable[0])
+    common = dict(hypothesis=hypothesis, commit_sha=commit, parent_commit=c["best_commit"], source_sha=source_sha,
+                  lines_added=added, lines_removed=removed, session_id=session_id, seed_set=set_index)
+    cand = eng.ledger.start_experiment(c["id"], description, role="candidate", seed=seeds[0],
+                                       paired_with=refs[seeds[0]], **common)
+    runs = [cand] + [eng.ledger.start_experiment(c["id"], f"{description} [seed {s}]", role="pair", seed=s,
+                                                 confirm_of=cand, paired_with=refs[s], **common) for s in seeds[1:]]
+    for rid in new_refs + runs:
+        _queue_row(eng, drv, c, rid)
+    return cand, runs, new_refs, seeds
+
+
+# -- submit ------------------------------------------------------------------------------------------
+
+def submit(eng: "Engine", description: str, hypothesis: Optional[str] = None, session_id=None) -> SubmitResult:
+    description = textmod.clean(description, textmod.MAX_DESCRIPTION)
+    if not description:
+        raise LoopError("description is required: say in a few words what this experiment changes")
+    hypothesis = textmod.clean(hypothesis, textmod.MAX_DESCRIPTION) if hypothesis else None
+    if eng.ws.cfg.campaign.autonomy != "closed":
+        raise LoopError(f"asynchronous experiments need autonomy = closed (it is {eng.ws.cfg.campaign.autonomy!r}: a "
+                        "person approves each cycle); use run_experiment and score instead")
+    with eng._exclusive():
+        c = eng.campaign
+        status = eng.budget(c)
+        if status.should_stop:
+            raise LoopError(f"the campaign budget is spent ({'; '.join(status.reasons)}); stop here.")
+        eng._integrity(c, "before the submission")
+        drv = driver_for(eng)            # the executor first: an unreachable cluster records nothing
+        assert drv is not None
+        settle(eng, drv)
+        c = eng.campaign
+        files = {rel: (eng.ws.root / rel).read_bytes() for rel in eng.ws.cfg.paths.editable
+                 if (eng.ws.root / rel).is_file()}
+        no_baseline = not eng.ledger.baseline_samples(c["id"]) and c["best_experiment_id"] is None
+        src = eng._editable_source()
+        identical = src == eng._committed_source(c["best_commit"])
+        if no_baseline and identical:
+            return _submit_baseline(eng, drv, c, session_id)
+        src = eng._refuse_non_change(c)
+        sha = eng._sha(src)
+        prior = eng.ledger.experiments(c["id"], where="source_sha=? AND confirm_of IS NULL AND status NOT IN "
+                                       "('interrupted','lost')", params=(sha,), limit=1)
+        if prior:
+            p = prior[0]
+            raise LoopError(f"exact repeat of experiment #{p['id']} ({p['description']!r}: status {p['status']}, "
+                            f"verdict {p['verdict']}). Try something else; state_read(view='tried') lists what was tried.")
+        _, seeds = eng.seed_set(c, rotate=not no_baseline)
+        need = len(seeds) + len([s for s in seeds if s not in _reference_rows(eng, c, seeds)])
+        room = _room(eng, c)
+        if room is not None and need > room:
+            raise LoopError(f"this experiment needs {need} runs but the budget has room for {max(room, 0)} (runs in "
+                            "flight count): wait() for the running ones, then stop or ask for more budget.")
+        try:
+            commit = gitops.snapshot_commit(eng.ws.root, c["best_commit"], files, f"experiment: {description}",
+                                            f"refs/loopwright/submitted/{sha[:20]}")
+        except gitops.GitError as e:
+            raise LoopError(f"could not snapshot train.py: {e}") from None
+        cand, runs, refs, seeds = _plan_candidate(eng, drv, c, commit, description, hypothesis, sha, session_id)
+        eng.ledger.add_submission(c["id"], cand)
+        return SubmitResult(experiment_id=cand, kind="candidate", commit=commit[:10], seeds=seeds, runs=runs,
+                            reference_runs=refs, in_flight=drv.busy(), executor=drv.ex.kind,
+                            next_step=(f"Submitted as #{cand} ({len(runs)} run(s) on seeds {seeds}, paired with the best"
+                                       f"{f'; {len(refs)} reference run(s) first' if refs else ''}). train.py is yours "
+                                       f"again: edit and submit the next idea, or wait(ids=[{cand}])."))
+
+
+def _submit_baseline(eng: "Engine", drv: Driver, c: dict, session_id) -> SubmitResult:
+    running = eng.ledger.experiments(c["id"], where="is_baseline=1 AND status='running'")
+    if running:
+        raise LoopError(f"the baseline is being measured (runs {[r['id'] for r in running]}); edit train.py and "
+                        "submit a change, or wait() for it")
+    set_index, seeds = eng.seed_set(c)
+    room = _room(eng, c)
+    if room is not None and len(seeds) > room:
+        raise LoopError(f"the baseline needs {len(seeds)} runs but the budget has room for {max(room, 0)}")
+    ids = [_start_reference(eng, c, s, set_index, f"seed set {set_index}", session_id) for s in seeds]
+    for rid in ids:
+        _queue_row(eng, drv, c, rid)
+    eng.ledger.add_submission(c["id"], ids[0])
+    return SubmitResult(experiment_id=ids[0], kind="baseline", commit=c["best_commit"][:10], seeds=seeds, runs=ids,
+                        in_flight=drv.busy(), executor=drv.ex.kind,
+                        next_step=(f"The baseline is being measured on seeds {seeds} (runs {ids}). Edit train.py and "
+                                   "submit_experiment your first change: it is paired with these runs."))
+
+
+# -- recording and deciding ------------------------------------------------------------------------------
+
+def settle(eng: "Engine", drv: Optional[Driver]) -> None:
+    """Record the outcomes that arrived and decide every submission that can be decided. Under the
+    engine's lock (the caller holds it)."""
+    if drv is not None and not drv.reconciled:
+        drv.reconciled = True
+        reconcile(eng, drv)
+    if drv is not None:
+        for out in drv.take_done():
+            record(eng, drv, out)
+    c = eng.campaign
+    for sub in eng.ledger.submissions(c["id"], open_only=True):
+        _decide(eng, drv, eng.campaign, sub)
+
+
+def record(eng: "Engine", drv: Optional[Driver], out: RunOutcome, interrupted: bool = False) -> None:
+    """One run's outcome into its row (and its logs into the run directory); a lost run is re-queued once."""
+    row = eng.ledger.experiment(out.run_id)
+    infl = {r["run_id"]: r for r in eng.ledger.inflight()}.get(out.run_id)
+    eng.ledger.remove_inflight(out.run_id)
+    if row is None or row["status"] != "running":
+        return
+    c = eng.ledger.campaign(row["campaign_id"])
+    assert c is not None
+    run_dir = eng.ws.run_dir(row["id"])
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if out.train_log:
+        (run_dir / "train.log").write_text(out.train_log)
+    if out.eval_json:
+        (run_dir / "eval.json").write_text(json.dumps(out.eval_json, indent=2))
+    (run_dir / OUTCOME_NAME).write_text(out.to_json())
+    started = (drv.dispatched.get(row["id"]) if drv else None) or row["started_at"]
+    if out.lost or interrupted:
+        attempt = infl["attempt"] if infl else MAX_ATTEMPTS
+        again = attempt < MAX_ATTEMPTS and drv is not None
+        status = "interrupted" if interrupted else "lost"
+        new_id = None
+        if again:
+            new_id = eng.ledger.start_experiment(
+                c["id"], row["description"], **{k: row[k] for k in (
+                    "hypothesis", "commit_sha", "parent_commit", "is_baseline", "confirm_of", "source_sha", "seed",
+                    "role", "paired_with", "seed_set", "lines_added", "lines_removed", "session_id")})
+        eng.ledger.update_experiment(row["id"], status=status, finished_at=time.time(), started_at=started,
+                                     reason=f"{out.reason or status}; " + (f"re-queued as #{new_id}" if new_id else
+                                                                             "not re-queued (lost before)"),
+                                     metrics_json=json.dumps({"worker": out.worker, "attempt": attempt}))
+        for sub in eng.ledger.submissions(c["id"], open_only=True):
+            cur = eng.ledger.experiment(sub["current_id"])
+            mine = [cur] + eng.ledger.confirm_runs(sub["current_id"]) if cur else []
+            if any(m["id"] == row["id"] or m["paired_with"] == row["id"] for m in mine):
+                _note(eng, sub["id"], "lost", row["id"])
+        eng.ledger.add_event(c["id"], "run_lost", {"experiment_id": row["id"], "status": status, "reason": out.reason,
+                                                   "worker": out.worker, "attempt": attempt, "requeued_as": new_id})
+        if new_id is not None:
+            eng.ledger.repoint_runs(row["id"], new_id)
+            if row["role"] == "candidate":   # the new row stands for the experiment; the lost one hangs under it
+                eng.ledger.update_experiment(row["id"], confirm_of=new_id)
+                for sub in eng.ledger.submissions(c["id"], open_only=True):
+                    if sub["current_id"] == row["id"]:
+                        eng.ledger.set_submission(sub["id"], current_id=new_id)
+            _queue_row(eng, drv, c, new_id, attempt + 1)
+        return
+    ok = out.status == "ok"
+    metrics = {**{k: v for k, v in out.summary.items() if isinstance(v, (int, float))},
+               "train_wall_s": out.train_wall_s, "eval_wall_s": out.eval_wall_s,
+               "sandboxed": 0 if out.sandbox == "none" else 1, "worker": out.worker}
+    mb = out.summary.get("peak_vram_mb") or out.summary.get("peak_memory_mb")
+    eng.ledger.update_experiment(
+        row["id"], status=out.status if out.status in ("ok", "crash", "timeout", "rejected") else "crash",
+        reason=out.reason or None, finished_at=time.time(), started_at=started, metrics_json=json.dumps(metrics),
+        val_bpb=out.val_bpb if ok else None, test_bpb=out.test_bpb if ok else None, eval_seconds=out.eval_seconds,
+        training_seconds=out.summary.get("training_seconds"), total_seconds=round(out.train_wall_s + out.eval_wall_s, 3),
+        memory_gb=None if mb is None else round(mb / 1024.0, 3),
+        num_steps=None if out.summary.get("num_steps") is None else int(out.summary["num_steps"]),
+        num_params_m=out.summary.get("num_params_M"), log_tail=out.log_tail[-4000:],
+        verdict="baseline" if row["is_baseline"] and ok else None)
+    if out.sandbox == "none":
+        eng.ledger.add_event(c["id"], "unsafe_no_sandbox", {"experiment_id": row["id"], "detail": (
+            "train.py and the evaluator ran without an OS sandbox (--unsafe-no-sandbox); this result is not "
+            "protected against forgery")})
+
+
+def _own_runs(eng: "Engine", cand: dict) -> list[dict]:
+    return [r for r in [cand] + eng.ledger.confirm_runs(cand["id"]) if r["status"] != "lost"]
+
+
+def _close(eng: "Engine", c: dict, sub: dict, rows: list[dict], kind: str, reason: str) -> None:
+    for r in rows:
+        eng.ledger.update_experiment(r["id"], verdict=kind, verdict_reason=reason)
+    eng.ledger.set_submission(sub["id"], decided=True)
+    eng._maybe_plateau(c)
+    eng._record_if_budget_spent(c)
+
+
+def _decide(eng: "Engine", drv: Optional[Driver], c: dict, sub: dict) -> None:
+    cand = eng.ledger.experiment(sub["current_id"])
+    assert cand is not None
+    if cand["is_baseline"]:   # a baseline submission: done when the campaign's baseline runs are
+        if not eng.ledger.experiments(c["id"], where="is_baseline=1 AND status='running'"):
+            eng.ledger.set_submission(sub["id"], decided=True)
+        return
+    own = _own_runs(eng, cand)
+    refs = [eng.ledger.experiment(r["paired_with"]) for r in own if r["paired_with"] is not None]
+    if any(r is None or r["status"] == "running" for r in own + refs):
+        return
+    lost_twice = [r for r in [cand] + eng.ledger.confirm_runs(cand["id"])
+                  if r["status"] in ("lost", "interrupted") and "not re-queued" in (r["reason"] or "")]
+    failed = [r for r in own if r["status"] in FAILED] + lost_twice
+    if failed:
+        f = failed[0]
+        reason = f"run #{f['id']} (seed {f['seed']}) {f['status']}: {f['reason']}"
+        _close(eng, c, sub, own, "discard", reason)
+        eng.ledger.add_event(c["id"], "crash", {"experiment_id": f["id"], "status": f["status"], "reason": f["reason"],
+                                                "description": cand["description"]}, sinks_for(eng.ws.cfg))
+        return
+    bad_ref = [r for r in refs if r is not None and r["status"] != "ok"]
+    if bad_ref:
+        r = bad_ref[0]
+        _close(eng, c, sub, own, "discard", f"the best version's run #{r['id']} on seed {r['seed']} failed ({r['status']}: "
+               f"{r['reason']}): the benchmark is broken on this machine, not this change")
+        return
+    if cand["parent_commit"] != c["best_commit"]:
+        _rebase(eng, drv, c, sub, cand, own)
+        return
+    samples = [r["val_bpb"] for r in own if r["status"] == "ok" and r["val_bpb"] is not None]
+    best_mean, _ = eng.best(c)
+    assert best_mean is not None
+    pairs = eng._pairs(cand["id"])
+    sig, _ = eng.sigma_paired(c)
+    noise = eng.ws.cfg.noise
+    n_confirms = sum(r["role"] == "confirm" and r["status"] == "ok" for r in own)
+    v = verdict.decide([p.d for p in pairs], sig, noise, n_planned=noise.baseline_seeds, n_confirms=n_confirms)
+    if v.kind == "retest":
+        room = _room(eng, c)
+        if drv is not None and (room is None or room >= 2):
+            for r in own:
+                eng.ledger.update_experiment(r["id"], verdict="retest", verdict_reason=v.reason)
+            seed = eng._fresh_seeds(c, 1)[0]
+            ref = _start_reference(eng, c, seed, None, f"confirm of #{cand['id']}", cand["session_id"])
+            conf = eng.ledger.start_experiment(
+                c["id"], f"confirm #{cand['id']}", hypothesis=cand["hypothesis"], commit_sha=cand["commit_sha"],
+                parent_commit=cand["parent_commit"], confirm_of=cand["id"], source_sha=cand["source_sha"], seed=seed,
+                role="confirm", paired_with=ref, session_id=cand["session_id"], lines_added=cand["lines_added"],
+                lines_removed=cand["lines_removed"])
+            _queue_row(eng, drv, c, ref)
+            _queue_row(eng, drv, c, conf)
+            return
+        v = verdict.Verdict("discard", v.gain, v.threshold, f"{v.reason}; no confirm pair could be run "
+                            f"({'no budget left' if drv is not None else 'no driver'})")
+    for r in own:
+        eng.ledger.update_experiment(r["id"], verdict=v.kind, verdict_reason=v.reason)
+    if v.kind == "keep":
+        eng._record_keep(c, cand, v, samples, best_mean, sig)
+        _advance_branch(eng, c, cand["commit_sha"])
+    _close(eng, c, sub, [], v.kind, v.reason)
+
+
+def _advance_branch(eng: "Engine", c: dict, commit: str) -> None:
+    """The branch moves to the kept commit. The working tree follows only where the agent has no pending
+    edit (its editable files equal the old best's); otherwise its edit stays, to be submitted as it is."""
+    root = eng.ws.root
+    clean = eng._editable_source() == eng._committed_source(c["best_commit"])
+    if gitops.current_branch(root) == c["branch"]:
+        if clean:
+            gitops.reset_to(root, commit)
+        else:
+            gitops.move_branch(root, commit)
+    else:
+        gitops.update_ref(root, f"refs/heads/{c['branch']}", commit)
+
+
+def _rebase(eng: "Engine", drv: Optional[Driver], c: dict, sub: dict, cand: dict, own: list[dict]) -> None:
+    """The best moved while the candidate ran: merge its change onto the new best and re-measure it."""
+    root, best = eng.ws.root, c["best_commit"]
+    stale = (f"stale: measured against #{cand['paired_with']}'s version, but the best moved to "
+             f"#{c['best_experiment_id']} ({best[:10]}) before the verdict")
+    merged: dict[str, bytes] = {}
+    conflicts = []
+    for rel in eng.ws.cfg.paths.editable:
+        blobs = []
+        for commit in (cand["parent_commit"], best, cand["commit_sha"]):
+            try:
+                blobs.append(gitops.blob_bytes(root, commit, rel))
+            except gitops.GitError:
+                blobs.append(b"")
+        data, conflict = gitops.merge_file(*blobs)
+        merged[rel] = data
+        if conflict:
+            conflicts.append(rel)
+    if conflicts:
+        _close(eng, c, sub, own, "discard", f"{stale}; the change does not merge onto the new best ({', '.join(conflicts)} "
+               "conflicts): edit the current best and submit it again")
+        return
+    best_files = {rel: gitops.blob_bytes(root, best, rel) for rel in merged}
+    if merged == best_files:
+        _close(eng, c, sub, own, "discard", f"{stale}; the new best already holds this change")
+        return
+    _, seeds = eng.seed_set(c)
+    need = len(seeds) + len([s for s in seeds if s not in _reference_rows(eng, c, seeds)])
+    room = _room(eng, c)
+    if drv is None or (room is not None and need > room):
+        _close(eng, c, sub, own, "discard", f"{stale}; it could not be re-measured "
+               f"({'no budget left' if drv is not None else 'no driver'})")
+        return
+    src = "\n".join(f"### {rel}\n" + data.decode("utf-8", "replace") for rel, data in merged.items())
+    sha = eng._sha(src)
+    commit = gitops.snapshot_commit(root, best, merged, f"experiment: {cand['description']} (rebased onto "
+                                    f"{best[:10]})", f"refs/loopwright/submitted/{sha[:20]}")
+    new, _, _, _ = _plan_candidate(eng, drv, c, commit, cand["description"], cand["hypothesis"], sha,
+                                   cand["session_id"])
+    for r in own:
+        eng.ledger.update_experiment(r["id"], verdict="discard", verdict_reason=f"{stale}; rebased onto it and "
+                                     f"re-measured as #{new}")
+    eng.ledger.set_submission(sub["id"], current_id=new)
+    _note(eng, sub["id"], "rebased_from", cand["id"])
+
+
+# -- wait and the view -------------------------------------------------------------------------------
+
+def _note(eng: "Engine", sub_id: int, key: str, value: int) -> None:
+    k = f"submission:{sub_id}"
+    data = json.loads(eng.ledger.kv_get(k) or "{}")
+    data.setdefault(key, []).append(value)
+    eng.ledger.kv_set(k, json.dumps(data))
+
+
+def result_of(eng: "Engine", sub: dict) -> AsyncResult:
+    cur = eng.ledger.experiment(sub["current_id"])
+    assert cur is not None
+    notes = json.loads(eng.ledger.kv_get(f"submission:{sub['id']}") or "{}")
+    rows = [r for r in [cur] + eng.ledger.confirm_runs(cur["id"]) if r["status"] != "lost"]
+    pairs = [] if cur["is_baseline"] else eng._pairs(cur["id"])
+    ok = [r["val_bpb"] for r in rows if r["status"] == "ok" and r["val_bpb"] is not None]
+    return AsyncResult(
+        experiment_id=sub["id"], current_id=cur["id"], state="decided" if sub["decided_at"] else "running",
+        status=cur["status"], verdict=cur["verdict"], reason=cur["verdict_reason"] or cur["reason"],
+        val_bpb=round(statistics.fmean(ok), 6) if ok else None,
+        delta_vs_best=round(statistics.fmean(p.d for p in pairs), 6) if pairs else None, pairs=pairs,
+        commit=(cur["commit_sha"] or "")[:10] or None, lost_runs=notes.get("lost", []),
+        rebased_from=notes.get("rebased_from", []))
+
+
+def wait(eng: "Engine", ids: Optional[list[int]] = None, timeout: float = 600.0) -> WaitResult:
+    """Block until every experiment in `ids` is decided (ids=None: until any submission still open at the
+    call is decided), or `timeout` seconds passed. Records outcomes as they arrive."""
+    c = eng.campaign
+    wanted: Optional[set[int]] = None
+    if ids is not None:
+        wanted = set()
+        for i in ids:
+            if eng.ledger.submission(int(i)) is None:
+                raise LoopError(f"#{i} was not submitted with submit_experiment; state_read(view='history') lists "
+                                "experiments (run_experiment's results are final when it returns)")
+            wanted.add(int(i))
+    open_at_start = {s["id"] for s in eng.ledger.submissions(c["id"], open_only=True)}
+    drv = driver_for(eng, create=bool(open_at_start & (wanted or open_at_start)))
+    deadline = time.monotonic() + max(0.0, float(timeout))
+    while True:
+        with eng._exclusive():
+            settle(eng, drv)
+        subs = {s["id"]: s for s in eng.ledger.submissions(c["id"])}
+        open_now = {i for i, s in subs.items() if not s["decided_at"]}
+        if wanted is not None:
+            done = not (wanted & open_now)
+            show = sorted(wanted)
+        else:
+            finished = open_at_start - open_now
+            done = bool(finished) or not open_at_start
+            show = sorted(finished)
+        left = deadline - time.monotonic()
+        if done or left <= 0 or drv is None:
+            results = [result_of(eng, subs[i]) for i in show]
+            pending = sorted(open_now)
+            nxt = ("Decided: read each verdict; keeps moved the branch. Submit the next idea." if done else
+                   f"Still running after {timeout:g} s: wait again, or submit more ideas meanwhile.")
+            if drv is None and open_now:
+                nxt = "No driver runs in this process: submit_experiment starts one (and reconciles what was in flight)."
+            return WaitResult(results=results, in_flight=pending, timed_out=not done, next_step=nxt)
+        drv.wait_for_outcome(min(left, 5.0))
+
+
+def reconcile(eng: "Engine", drv: Optional[Driver]) -> list[int]:
+    """Runs a previous driver left in flight (the caller holds the engine's lock): recorded from their
+    outcome.json where they finished, else interrupted (and re-queued once when `drv` is given). Returns
+    the run ids handled."""
+    mine = set(drv.dispatched) if drv is not None else set()
+    done = []
+    for r in eng.ledger.inflight():
+        if r["run_id"] in mine:
+            continue
+        path = eng.ws.run_dir(r["run_id"]) / OUTCOME_NAME
+        out = None
+        if path.is_file():
+            try:
+                out = RunOutcome.from_json(path.read_text())
+            except (OSError, ValueError, TypeError):
+                out = None
+        if out is not None and out.run_id == r["run_id"]:
+            record(eng, drv, out)
+        else:
+            record(eng, drv, RunOutcome(r["run_id"], "lost", "the driver stopped while it ran"), interrupted=True)
+        done.append(r["run_id"])
+    return done
+
+
+def in_flight_rows(eng: "Engine", c: dict) -> tuple[list[dict], list[int]]:
+    """(runs queued or running, open submissions) for state_read."""
+    return (eng.ledger.experiments(c["id"], where="status='running'"),
+            [s["id"] for s in eng.ledger.submissions(c["id"], open_only=True)])
+
