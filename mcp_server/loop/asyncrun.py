@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Optional
 from mcp_server.common.locks import FileLock, HeldLock
 from mcp_server.executors.base import OUTCOME_NAME, Executor, ExecutorError, RunOutcome, RunSpec
 from mcp_server.executors.factory import make_executor
+from mcp_server.executors.workcopy import sha256_of
 from mcp_server.loop import gitops, integrity, sandbox, verdict
 from mcp_server.loop import text as textmod
 from mcp_server.loop.errors import LoopError
@@ -139,7 +140,7 @@ def driver_for(eng: "Engine", create: bool = True) -> Optional[Driver]:
         c = eng.campaign
         try:
             ex = make_executor(cfg, eng.ws.data_dir, eng.ws.state_dir / "work", eng.ws.run_dir,
-                               integrity.pinned_lock(eng.ws, c["pinned_commit"])["data"])
+                               data_manifest(eng, c))
         except ExecutorError as e:
             held.release()
             raise LoopError(str(e)) from None
@@ -173,6 +174,20 @@ def driver_alive_elsewhere(eng: "Engine") -> bool:
 
 # -- specs ------------------------------------------------------------------------------------------
 
+AUX_DATA = ("meta.json", "token_bytes.npy", "tokenizer.json", "peak_flops.json")
+
+
+def data_manifest(eng: "Engine", c: dict) -> dict[str, str]:
+    """{file: sha256} of the data a run needs: the splits as the pinned loopwright.lock records them, and
+    the small files that describe them (meta.json -- which itself lists the splits' hashes -- the tokenizer
+    files) as they are in the state directory."""
+    out = dict(integrity.pinned_lock(eng.ws, c["pinned_commit"])["data"])
+    for name in AUX_DATA:
+        if (eng.ws.data_dir / name).is_file():
+            out[name] = sha256_of(eng.ws.data_dir / name)
+    return out
+
+
 def spec_for(eng: "Engine", c: dict, row: dict) -> RunSpec:
     """A run of row's commit on row's seed, everything by content."""
     root, pinned = eng.ws.root, c["pinned_commit"]
@@ -185,7 +200,7 @@ def spec_for(eng: "Engine", c: dict, row: dict) -> RunSpec:
     evaluator = {"prepare.py": gitops.verified_blob_bytes(root, pinned, "prepare.py"),
                  "loopwright.toml": gitops.verified_blob_bytes(root, pinned, "loopwright.toml")}
     return RunSpec(run_id=row["id"], seed=int(row["seed"]), sources=sources, evaluator=evaluator,
-                   data=integrity.pinned_lock(eng.ws, pinned)["data"], unsafe=sandbox.unsafe_requested(),
+                   data=data_manifest(eng, c), unsafe=sandbox.unsafe_requested(),
                    label=f"#{row['id']} {row['role']} seed {row['seed']}")
 
 
