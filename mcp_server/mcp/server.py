@@ -23,7 +23,16 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 
 from mcp_server import __version__
-from mcp_server.loop.models import BudgetResult, ExperimentResult, NoteResult, RevertResult, ScoreResult, StateView
+from mcp_server.loop.models import (
+    BudgetResult,
+    ExperimentResult,
+    NoteResult,
+    RevertResult,
+    ScoreResult,
+    StateView,
+    SubmitResult,
+    WaitResult,
+)
 
 log = logging.getLogger("loopwright.server")
 
@@ -31,6 +40,9 @@ INSTRUCTIONS = """loopwright runs a closed research loop on this workspace. Only
 Loop: state_read -> edit train.py -> run_experiment(description, hypothesis) -> score -> budget_check -> note.
 A 'retest' verdict means: run_experiment(confirm_of=ID) without editing, then score(ID).
 A 'pending_approval' verdict (or run status) means a person decides that change; go on from the best.
+Parallel: submit_experiment(description, hypothesis) queues the edited train.py and frees it at once; wait(ids)
+gives verdicts (decided automatically, against the best at that time). Do not mix with run_experiment while
+submissions are open.
 Never stop to ask whether to continue; stop only when budget_check says should_stop."""
 
 View = Literal["summary", "history", "best", "notes", "noise", "tried"]
@@ -143,8 +155,34 @@ def build_server(workspace: Path | str, strict: bool = True) -> MCPServer:
         """Record a lesson, dead end, idea or observation for later sessions."""
         return await in_thread(lambda e: e.note(text, kind, experiment_id))
 
+    _register_async_tools(server, in_thread)
     _register_extensions(server, in_thread)
     return server
+
+
+def _register_async_tools(server: MCPServer, in_thread) -> None:
+    """submit_experiment and wait: asynchronous experiments on the executor (loop/asyncrun.py)."""
+
+    @server.tool(annotations=ToolAnnotations(title="Submit an experiment", read_only_hint=False,
+                                             destructive_hint=False, idempotent_hint=False, open_world_hint=False))
+    async def submit_experiment(description: str, hypothesis: Optional[str] = None) -> SubmitResult:
+        """Queue the edited train.py as an experiment and return its id at once: train.py is snapshotted into a
+        commit and is yours again for the next edit. Its runs (the candidate on every seed of the seed set,
+        paired with the best, plus any reference runs the best still needs) go to the executor, in parallel
+        where it allows. The verdict is decided when its runs are in, against the best at that time (a
+        candidate whose parent is no longer the best is rebased onto it and re-measured). With train.py
+        unchanged and no baseline yet, it measures the baseline. Read results with wait(ids) or state_read."""
+        return await in_thread(lambda e: e.submit_experiment(description, hypothesis, session_id=_session_id()))
+
+    @server.tool(annotations=ToolAnnotations(title="Wait for experiments", read_only_hint=False,
+                                             destructive_hint=False, idempotent_hint=True, open_world_hint=False))
+    async def wait(ids: Optional[list[int]] = None, timeout_s: float = 600.0) -> WaitResult:
+        """Wait until the submitted experiments `ids` are decided (no ids: until any open one is), at most
+        timeout_s seconds (0 = just look). Returns each one's verdict, paired differences, lost runs (re-queued
+        once) and what is still in flight."""
+        if timeout_s < 0 or timeout_s > 3600:
+            raise ToolError(f"timeout_s={timeout_s} is out of range: use 0 (just look) to 3600 seconds")
+        return await in_thread(lambda e: e.wait(ids, timeout_s))
 
 
 def _deliver_events(root: Path) -> None:
