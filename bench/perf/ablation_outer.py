@@ -7,8 +7,7 @@
                                of --window experiments, each kept or reverted by its measured effect
 
     python bench/perf/ablation_outer.py                        # 3 repeats x 3 arms x 12 experiments
-    python bench/perf/ablation_outer.py --repeats 8 -n 6 --steps 10 --window 2 --eval-tokens 4096 --out o.json
-                                                               # the run in BENCHMARKS.md (≈ 100 min on 2 cores)
+    python bench/perf/ablation_outer.py --summarise a.json b.json   # arms run separately, paired by repeat
     python bench/perf/ablation_outer.py --repeats 1 -n 4 --steps 8 --out /tmp/outer.json   # a smoke run
 
 Campaigns are paired: repeat r of every arm uses the same agent seed, a fresh workspace on the
@@ -22,6 +21,7 @@ per-repeat table. The benchmark copy, MAX_STEPS pinning and thread count
 are those of ablation_mechanisms.py (see its docstring).
 """
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -145,14 +145,35 @@ def summarise(runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def summarise_files(paths: list[Path], out: Path | None) -> int:
+    docs = [json.loads(f.read_text()) for f in paths]
+    scale = ("n", "steps", "window", "batch", "threads", "eval_tokens", "baseline_seeds", "time_budget", "corpus")
+    scales = {tuple(d["args"].get(k) for k in scale) for d in docs}
+    if len(scales) > 1:
+        raise SystemExit(f"the files were run at different scales ({sorted(scales)}): their campaigns do not pair")
+    runs = [r for d in docs for r in d["runs"]]
+    if len({(r["arm"], r["repeat"]) for r in runs}) < len(runs):
+        raise SystemExit("the files hold the same arm and repeat twice: pass each campaign once")
+    print(summarise(runs))
+    if out:
+        out.write_text(json.dumps({"args": docs[0]["args"], "from": [str(f) for f in paths], "runs": runs,
+                                   **comparisons(runs)}, indent=2))
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("-n", type=int, default=12, help="experiments per campaign (after the baseline)")
     p.add_argument("--window", type=int, default=4, help="trial window of the outer loop, in experiments")
     p.add_argument("--arms", default="none,builtin,outer", help="comma-separated subset of none,builtin,outer")
+    p.add_argument("--summarise", type=Path, nargs="+", metavar="JSON",
+                   help="run nothing: the summary of the campaigns in these --out files together (arms run in "
+                        "separate invocations pair by repeat; all must share the scale), written to --out if given")
     add_campaign_args(p)
     args = p.parse_args()
+    if args.summarise:
+        return summarise_files(args.summarise, args.out)
     arms = [a for a in args.arms.split(",") if a]
     if args.repeats < 1 or args.n < 1 or args.window < 2 or not set(arms) <= {a for a, _ in ARMS}:
         p.error("--repeats and -n must be >= 1, --window >= 2, --arms from none,builtin,outer")
