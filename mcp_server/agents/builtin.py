@@ -224,13 +224,16 @@ class Planner:
         return skeleton(source), tuple(sorted(constant_values(source).items()))
 
     def propose(self, source: str, category: Optional[str] = None,
-                preferred: Iterable[str] = ()) -> Optional[Edit]:
+                preferred: Iterable[str] = (), busy: Iterable[str] = ()) -> Optional[Edit]:
         """The next edit of `source` (the best train.py), or None when nothing untried is left.
 
         Order of preference: repeat the last successful step; the constants a mechanism
         suggested (in its order); constants of the suggested category; any constant at random.
+        `busy`: constants with an edit still in flight (parallel proposals): left alone until its
+        outcome is known, so in-flight candidates change different constants.
         """
-        consts = {c.name: c for c in tunable_constants(source)}
+        busy = set(busy)
+        consts = {c.name: c for c in tunable_constants(source) if c.name not in busy}
         if not consts:
             return None
         for name, c in consts.items():
@@ -443,16 +446,31 @@ class ToolFailed(Exception):
         self.tool, self.message = tool, message
 
 
+@dataclass
+class _Flight:
+    """A submitted candidate the agent waits for (parallel mode)."""
+    edit: Edit
+    number: int
+    started: float
+
+
 class BuiltinAgent:
     def __init__(self, client, train: Path, planner: Planner, mechanisms: bool = True,
-                 observer: Optional[Observer] = None):
+                 observer: Optional[Observer] = None, parallel: int = 1, asynchronous: bool = False):
+        if parallel < 1:
+            raise ValueError("parallel must be at least 1")
         self.client = client
         self.train = train          # the editable file; everything else goes through MCP tools
         self.planner = planner
         self.mechanisms = mechanisms
         self.observer = observer or (lambda kind, data: None)
+        self.parallel = parallel    # candidates in flight at once
+        # submit_experiment + wait (on the workspace's executor) instead of run_experiment + score: with more
+        # than one in flight, or whenever the executor is not this machine (a Ray cluster)
+        self.asynchronous = asynchronous or parallel > 1
         self.attempts: list[Attempt] = []
         self.durations: list[float] = []
+        self.flights: dict[int, _Flight] = {}
 
     def emit(self, event: str, /, **data: Any) -> None:
         try:
@@ -477,6 +495,8 @@ class BuiltinAgent:
     # -- the session ------------------------------------------------------------
     async def run(self, n: Optional[int] = None, deadline: Optional[float] = None) -> str:
         """Run up to n experiments (None: until the budget says stop) before `deadline` (monotonic)."""
+        if self.asynchronous:
+            return await self._run_parallel(n, deadline)
         state = await self.call("state_read", {"view": "summary"})
         summary = state["summary"]
         self.emit("start", summary=summary, mechanisms=self.mechanisms)
@@ -543,6 +563,122 @@ class BuiltinAgent:
         self.emit("stop", reason=reason)
         return reason
 
+    # -- parallel: up to `parallel` candidates in flight (submit_experiment / wait) ----------------------
+    async def _run_parallel(self, n: Optional[int], deadline: Optional[float]) -> str:
+        """Keep up to `parallel` candidates in flight: propose from the best version, submit, and record
+        verdicts as wait() returns them (the engine decides each against the best at that time; a stale
+        one is rebased and re-measured there). Stops submitting at the budget, the deadline or n; returns
+        when nothing is in flight any more."""
+        state = await self.call("state_read", {"view": "summary", "limit": 50})
+        summary = state["summary"]
+        self.emit("start", summary=summary, mechanisms=self.mechanisms, parallel=self.parallel)
+        await self._replay_history()
+        if state.get("pending"):          # an earlier parallel session's submissions: let them finish first
+            self.emit("error", message=f"waiting for experiments submitted earlier: {state['pending']}")
+            await self.call("wait", {"ids": state["pending"], "timeout_s": 3600})
+            summary = (await self.call("state_read", {"view": "summary"}))["summary"]
+        if summary["pending_retest"]:     # left by an earlier one-at-a-time session
+            await self._settle(summary["pending_retest"][-1], confirm=True)
+        elif summary["pending_score"]:
+            await self._settle(summary["pending_score"][-1], confirm=False)
+        if summary["baseline_val_bpb"] is None:
+            budget = await self.call("budget_check")
+            if budget["should_stop"]:
+                return self._stop("budget: " + "; ".join(budget["reasons"]))
+            await self.call("revert")
+            self.emit("experiment_start", number=0, description="baseline", category="baseline")
+            t0 = time.monotonic()
+            sub = await self.call("submit_experiment", {"description": "baseline", "hypothesis":
+                                  "the unmodified train.py, measured on several seeds"})
+            await self._wait_for([sub["experiment_id"]])
+            seconds = time.monotonic() - t0
+            noise = (await self.call("state_read", {"view": "noise"}))["noise"] or {}
+            samples = noise.get("baseline_samples") or []
+            self.durations.append(seconds)
+            self.emit("baseline", seconds=seconds, result={"val_bpb": noise.get("baseline_mean"), "baseline": {
+                "mean": noise.get("baseline_mean"), "samples": samples, "sigma": noise.get("sigma"),
+                "keep_threshold": noise.get("keep_threshold")}})
+        submitted, errors, why = 0, 0, None
+        while True:
+            while why is None and len(self.flights) < self.parallel:
+                if n is not None and submitted >= n:
+                    why = f"ran the {n} experiment(s) asked for"
+                    break
+                try:
+                    why = await self._submit_next(submitted + 1, deadline)
+                    errors = 0
+                except ToolFailed as e:
+                    await self._restore()
+                    if "budget is spent" in e.message or "budget has room" in e.message:
+                        why = "budget: " + e.message
+                        break
+                    errors += 1
+                    self.emit("error", message=str(e))
+                    if errors >= 3:
+                        if not self.flights:
+                            raise AgentError(f"three tool errors in a row, last: {e}") from None
+                        why = f"three tool errors in a row, last: {e.message[:200]}"
+                    break
+                if why is None:
+                    submitted += 1
+            if not self.flights:
+                return self._stop(why or "no untried change of the tunable constants is left")
+            await self._wait_for(list(self.flights), any_one=True)
+
+    async def _submit_next(self, number: int, deadline: Optional[float]) -> Optional[str]:
+        """Propose, write and submit one candidate; a reason to stop submitting, or None."""
+        budget = await self.call("budget_check")
+        if budget["should_stop"]:
+            return "budget: " + "; ".join(budget["reasons"])
+        if deadline is not None and self.durations:
+            need = statistics.median(self.durations[-5:])
+            if time.monotonic() + need > deadline:
+                return f"session time budget: the next experiment (~{need:.0f} s) would not finish in time"
+        await self.call("revert")     # train.py = the best now (a keep may have moved it)
+        busy = {f.edit.name for f in self.flights.values()}
+        edit = await self._next_edit(busy)
+        if edit is None:
+            await self._restore()
+            return None if self.flights else "no untried change of the tunable constants is left"
+        try:
+            sub = await self.call("submit_experiment", {"description": edit.description, "hypothesis": edit.hypothesis})
+        except ToolFailed as e:
+            if "exact repeat" in e.message or "only touches the random seed" in e.message:
+                self.planner.record(edit, "refused")
+                self.emit("skip", description=edit.description, reason=e.message)
+                return None
+            raise
+        self.flights[sub["experiment_id"]] = _Flight(edit, number, time.monotonic())
+        self.emit("experiment_start", number=number, description=edit.description, category=edit.category,
+                  in_flight=len(self.flights))
+        return None
+
+    async def _wait_for(self, ids: list[int], any_one: bool = False) -> None:
+        """wait() for the ids (any one of them with any_one), then record every decided result."""
+        while True:
+            res = await self.call("wait", {"ids": None if any_one else ids, "timeout_s": 600})
+            for r in res.get("results", []):
+                self._decided(r)
+            if not res.get("timed_out") or not (set(ids) & set(res.get("in_flight", []))):
+                return
+
+    def _decided(self, r: dict) -> None:
+        fl = self.flights.pop(r["experiment_id"], None)
+        if fl is None:
+            return
+        failed = r["status"] not in ("ok", "lost", "interrupted")
+        verdict = r.get("verdict") or "discard"
+        self.planner.record(fl.edit, "crash" if failed else verdict if verdict in ("keep", "discard") else "discard")
+        seconds = time.monotonic() - fl.started
+        self.durations.append(seconds)
+        att = Attempt(fl.number, r["experiment_id"], fl.edit.description, r["status"], verdict, r.get("val_bpb"),
+                      seconds)
+        self.attempts.append(att)
+        self.emit("verdict", score={"verdict": verdict, "gain": -(r.get("delta_vs_best") or 0.0), "threshold": None,
+                                    "best_val_bpb": r.get("val_bpb") if verdict == "keep" else None,
+                                    "reason": r.get("reason")})
+        self.emit("experiment_end", attempt=att, result={**r, "in_flight": len(self.flights)})
+
     async def _replay_history(self) -> None:
         """Resume instead of restart: feed this agent's earlier experiments back into the planner."""
         hist = await self.call("state_read", {"view": "history", "limit": 500})
@@ -564,7 +700,7 @@ class BuiltinAgent:
         except ToolFailed:
             pass
 
-    async def _next_edit(self) -> Optional[Edit]:
+    async def _next_edit(self, busy: Iterable[str] = ()) -> Optional[Edit]:
         for _ in range(12):
             source = self.train.read_text(encoding="utf-8")
             category, preferred = None, []
@@ -572,7 +708,7 @@ class BuiltinAgent:
                 sug = await self.call("suggest_next")
                 category, preferred = sug.get("category"), sug.get("parameters", [])
                 self.emit("suggestion", suggestion=sug)
-            edit = self.planner.propose(source, category, preferred)
+            edit = self.planner.propose(source, category, preferred, busy=busy)
             if edit is None:
                 return None
             self.train.write_text(edit.source, encoding="utf-8")
@@ -638,11 +774,14 @@ class BuiltinAgent:
 
 async def run_session(workspace: Path | str, n: Optional[int] = None, wall_seconds: Optional[float] = None,
                       mechanisms: bool = True, seed: int = 0, observer: Optional[Observer] = None,
-                      deadline: Optional[float] = None, planner: Optional[Planner] = None) -> SessionResult:
+                      deadline: Optional[float] = None, planner: Optional[Planner] = None,
+                      parallel: Optional[int] = None) -> SessionResult:
     """One built-in agent session against `loopwright serve` over stdio.
 
     n: experiments to run (None: until budget_check says stop); wall_seconds / deadline (monotonic):
-    no experiment starts that would not finish in time; seed: the planner's random choices."""
+    no experiment starts that would not finish in time; seed: the planner's random choices; parallel:
+    candidates in flight at once (1: run_experiment + score, one at a time; more: submit_experiment +
+    wait on the workspace's executor)."""
     from mcp import Client
     from mcp.client.stdio import stdio_client
 
@@ -651,6 +790,7 @@ async def run_session(workspace: Path | str, n: Optional[int] = None, wall_secon
     ws = Workspace.find(workspace)
     if n is not None and n < 0:
         raise ValueError("-n must be >= 0")
+    parallel, asynchronous = session_mode(ws.cfg.executor, parallel)
     t0 = time.monotonic()
     if wall_seconds is not None:
         deadline = min(deadline or math.inf, t0 + wall_seconds)
@@ -662,7 +802,7 @@ async def run_session(workspace: Path | str, n: Optional[int] = None, wall_secon
         try:
             async with Client(stdio_client(server_params(ws.root), errlog=errlog)) as client:
                 agent = BuiltinAgent(client, ws.root / ws.cfg.paths.editable[0], planner or Planner(seed),
-                                     mechanisms, observer)
+                                     mechanisms, observer, parallel=parallel, asynchronous=asynchronous)
                 reason = await agent.run(n, deadline)
                 final = (await agent.call("state_read", {"view": "summary"}))["summary"]
         except Exception as e:  # the client's task group wraps what went wrong: show the cause itself
@@ -675,6 +815,17 @@ async def run_session(workspace: Path | str, n: Optional[int] = None, wall_secon
             raise
     return SessionResult(ws.root, agent.attempts, reason, final["baseline_val_bpb"], final["best_val_bpb"],
                          time.monotonic() - t0)
+
+
+def session_mode(executor: Any, parallel: Optional[int] = None) -> tuple[int, bool]:
+    """(candidates in flight, asynchronous?) for a session on a workspace whose `[executor]` settings are
+    `executor`. parallel None: the settings' `parallel`. Asynchronous (submit_experiment + wait) with more
+    than one in flight or when the executor is not this machine; otherwise one experiment at a time with
+    run_experiment + score, exactly as before executors existed."""
+    n = executor.parallel if parallel is None else parallel
+    if n < 1:
+        raise ValueError(f"--parallel {n}: it must be at least 1 (1 = one experiment at a time)")
+    return n, n > 1 or executor.kind != "local"
 
 
 def _unwrap(e: BaseException) -> BaseException:

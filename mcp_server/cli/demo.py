@@ -69,6 +69,7 @@ class ProgressState:
     rows: list[_Row] = field(default_factory=list)
     messages: list[str] = field(default_factory=list)
     stopped: Optional[str] = None
+    flying: dict = field(default_factory=dict)   # parallel: experiment number -> description, in flight
 
     def on_event(self, kind: str, d: dict) -> Optional[str]:
         """Update from one agent event; returns a one-line log message for plain output."""
@@ -76,7 +77,13 @@ class ProgressState:
             s = d["summary"]
             self.baseline, self.best, self.kept = s["baseline_val_bpb"], s["best_val_bpb"], s["kept"]
             return (f"campaign {s['tag']}: {s['experiments']} experiments so far, best "
-                    f"{_num(s['best_val_bpb'])}; mechanisms {'on' if d['mechanisms'] else 'off'}")
+                    f"{_num(s['best_val_bpb'])}; mechanisms {'on' if d['mechanisms'] else 'off'}"
+                    + (f"; up to {d['parallel']} candidate(s) in flight" if d.get("parallel") else ""))
+        if kind == "experiment_start" and "in_flight" in d:   # parallel: one of several in flight
+            self.flying[d["number"]] = d["description"]
+            self.rows.append(_Row(d["number"], d["description"]))
+            self._show_flying()
+            return f"submitted experiment {d['number']}: {d['description']} ({d['in_flight']} in flight)"
         if kind == "experiment_start":
             self.phase = ("baseline" if d["category"] == "baseline" else "confirm run" if d["number"] is None
                           else f"experiment {d['number']}" + (f"/{self.n}" if self.n else ""))
@@ -97,11 +104,17 @@ class ProgressState:
             sc = d["score"]
             if sc["verdict"] == "keep":
                 self.kept += 1
-            self.best = sc["best_val_bpb"]
-            return f"  score: {sc['verdict']} (gain {sc['gain']:+.4f}, threshold {sc['threshold']:.4f})"
+            if sc.get("best_val_bpb") is not None:
+                self.best = sc["best_val_bpb"]
+            bar = "" if sc.get("threshold") is None else f", threshold {sc['threshold']:.4f}"
+            return f"  score: {sc['verdict']} (gain {sc['gain']:+.4f}{bar})"
         if kind == "experiment_end":
             a, res = d["attempt"], d["result"]
-            self.phase, self.current = "thinking", "choosing the next change"
+            if "in_flight" in res:   # parallel
+                self.flying.pop(a.number, None)
+                self._show_flying()
+            else:
+                self.phase, self.current = "thinking", "choosing the next change"
             self.step = self.loss = self.remaining = None
             row = next((r for r in reversed(self.rows) if r.number == a.number), None)
             if row is not None:
@@ -122,6 +135,10 @@ class ProgressState:
             self.step = self.loss = self.remaining = None
             return f"stopped: {d['reason']}"
         return None
+
+    def _show_flying(self) -> None:
+        self.phase = f"{len(self.flying)} in flight"
+        self.current = "; ".join(f"#{k} {v}" for k, v in sorted(self.flying.items()))[:200]
 
     # -- rendering --------------------------------------------------------------
     def render(self) -> Group:
@@ -193,7 +210,7 @@ class DemoResult:
     session: Any
 
 
-def demo_overrides(n: int) -> dict:
+def demo_overrides(n: int, parallel: int = 1) -> dict:
     # grace: on the CPU clock a run on a busy shared machine takes longer in wall time but trains the same
     # amount; the hard limit (4 budgets + grace) must not turn that into a false timeout
     return {"benchmark": {"eval_tokens": DEMO_EVAL_TOKENS, "grace_seconds": 300.0},
@@ -201,12 +218,14 @@ def demo_overrides(n: int) -> dict:
             # runs, not experiments: the baseline seeds, each candidate on the seed set, a confirm pair
             # (candidate + reference) per experiment, and a re-measure of the best per seed set
             "budget": {"max_experiments": 3 * DEMO_BASELINE_SEEDS + (DEMO_BASELINE_SEEDS + 2) * n,
-                       "max_hours": 1.0}}
+                       "max_hours": 1.0},
+            # runs at once on this machine's executor: one per candidate the agent keeps in flight
+            **({"executor": {"parallel": parallel}} if parallel > 1 else {})}
 
 
 def run_demo(directory: Optional[Path | str] = None, time_budget: float = DEMO_TIME_BUDGET,
              n: int = DEMO_EXPERIMENTS, seed: int = 0, minutes: float = DEMO_MINUTES, mechanisms: bool = True,
-             console: Optional[Console] = None, live: Optional[bool] = None) -> DemoResult:
+             console: Optional[Console] = None, live: Optional[bool] = None, parallel: int = 1) -> DemoResult:
     from mcp_server.agents.builtin import run_builtin
     from mcp_server.loop.config import CONFIG_NAME
     from mcp_server.loop.setup import init_workspace
@@ -216,6 +235,8 @@ def run_demo(directory: Optional[Path | str] = None, time_budget: float = DEMO_T
         raise ValueError("-n must be at least 1")
     if minutes <= 0:
         raise ValueError("--minutes must be positive")
+    if parallel < 1:
+        raise ValueError("--parallel must be at least 1")
     console = console or Console()
     _sandbox_or_notice(console)
     t0 = time.monotonic()
@@ -225,11 +246,14 @@ def run_demo(directory: Optional[Path | str] = None, time_budget: float = DEMO_T
         console.print(f"resuming the campaign in {root}")
     else:
         console.print(f"creating a workspace in {root} (preparing the data takes a few seconds)…")
-        init_workspace(root, tag="demo", corpus="stdlib", time_budget=time_budget, overrides=demo_overrides(n))
-    state = ProgressState(f"loopwright demo · {root.name} · built-in agent, seed {seed}", started=t0,
-                          deadline=deadline + REPORT_RESERVE_S, n=n)
+        init_workspace(root, tag="demo", corpus="stdlib", time_budget=time_budget,
+                       overrides=demo_overrides(n, parallel))
+    title = f"loopwright demo · {root.name} · built-in agent, seed {seed}" + (f", {parallel} in parallel"
+                                                                              if parallel > 1 else "")
+    state = ProgressState(title, started=t0, deadline=deadline + REPORT_RESERVE_S, n=n)
     with Display(state, console, live) as display:
-        session = run_builtin(root, n=n, mechanisms=mechanisms, seed=seed, observer=display, deadline=deadline)
+        session = run_builtin(root, n=n, mechanisms=mechanisms, seed=seed, observer=display, deadline=deadline,
+                              parallel=parallel)
     files = write_report(root)
     seconds = time.monotonic() - t0
     d = files.data

@@ -2,8 +2,11 @@
 SessionStart summary (no torch, no MCP)."""
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 
+from mcp_server.loop import asyncrun
 from mcp_server.loop.engine import Engine
 
 
@@ -79,3 +82,56 @@ def session_summary(root: Path | str) -> str:
         return "\n".join(lines)
     finally:
         eng.close()
+
+
+# -- the executor: what is in flight, where runs ran (`loopwright status`, the report) ------------------
+
+RECENT_RUNS = 500     # finished runs looked at for the workers table
+
+
+def executor_view(eng: Engine, recent: int = RECENT_RUNS) -> dict:
+    """What the executor is doing, from the ledger alone (cheap; never connects to a cluster):
+
+    executor       the [executor] settings (kind, address, parallel, num_cpus, num_gpus)
+    driver_alive   some process (an MCP server, `loopwright run`) drives the asynchronous experiments now
+    in_flight      runs handed to the executor and not yet recorded: run id, the experiment it belongs to,
+                   role, seed, attempt (2 = re-queued after a lost run), seconds since it was queued
+    open           submitted experiments without a verdict yet
+    workers        per worker (`local:<host>:<pid>` or `ray:<node>:<host>`) over the last `recent` finished
+                   runs: runs, ok, failed, lost, seconds since its last run ended
+    lost           the latest runs whose worker or node died, and what they were re-queued as
+    """
+    c = eng.campaign
+    cfg = eng.ws.cfg.executor
+    now = time.time()
+    inflight = eng.ledger.inflight(c["id"])
+    flying = []
+    for r in inflight:
+        row = eng.ledger.experiment(r["run_id"]) or {}
+        flying.append({"run_id": r["run_id"], "experiment_id": row.get("confirm_of") or r["run_id"],
+                       "description": row.get("description", ""), "role": row.get("role"), "seed": row.get("seed"),
+                       "attempt": r["attempt"], "executor": r["executor"],
+                       "for_s": round(max(0.0, now - r["submitted_at"]), 1)})
+    workers: dict[str, dict] = {}
+    lost = []
+    for row in eng.ledger.experiments(c["id"], limit=recent, newest_first=True, where="status != 'running'"):
+        try:
+            m = json.loads(row["metrics_json"] or "{}")
+        except ValueError:
+            m = {}
+        name = m.get("worker") if isinstance(m, dict) else None
+        if row["status"] == "lost":
+            lost.append({"run_id": row["id"], "worker": name, "reason": row["reason"] or ""})
+        if not name:
+            continue
+        w = workers.setdefault(name, {"worker": name, "runs": 0, "ok": 0, "failed": 0, "lost": 0, "last_s": None})
+        w["runs"] += 1
+        key = "ok" if row["status"] == "ok" else "lost" if row["status"] in ("lost", "interrupted") else "failed"
+        w[key] += 1
+        if row["finished_at"] and (w["last_s"] is None or now - row["finished_at"] < w["last_s"]):
+            w["last_s"] = round(now - row["finished_at"], 1)
+    return {"executor": {"kind": cfg.kind, "address": cfg.address if cfg.kind == "ray" else None,
+                         "parallel": cfg.parallel, "num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus},
+            "driver_alive": asyncrun.driver_alive_elsewhere(eng),
+            "in_flight": flying, "open": [s["id"] for s in eng.ledger.submissions(c["id"], open_only=True)],
+            "workers": sorted(workers.values(), key=lambda w: (-w["runs"], w["worker"])), "lost": lost[:20]}

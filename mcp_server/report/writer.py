@@ -60,6 +60,7 @@ class ReportData:
     replay: Optional[object] = None        # loop.replay.ReplayResult of the latest replay, if one was run
     mechanism_lines: list[str] = field(default_factory=list)   # mechanisms/report.py: the outer loop's section
     approval_lines: list[str] = field(default_factory=list)    # loop/approvals.py: what waited on a person
+    executor_lines: list[str] = field(default_factory=list)    # executor_section: in flight, workers, lost runs
 
     @property
     def n(self) -> int:
@@ -327,6 +328,7 @@ def render_markdown(data: ReportData, plot_name: str = "progress.png", tsv_name:
         L.append("")
     L += data.mechanism_lines
     L += data.approval_lines
+    L += data.executor_lines
     L += ["## Crashes", ""]
     if data.crashed:
         L += ["| experiment | description | status | reason |", "|---|---|---|---|"]
@@ -359,6 +361,31 @@ def render_markdown(data: ReportData, plot_name: str = "progress.png", tsv_name:
               "to val or leakage).**" if d["flagged"] else "- No val/test divergence: the gain carries over."]
     L += ["", f"All experiments: [{tsv_name}]({tsv_name}) (autoresearch's columns first).", ""]
     return "\n".join(L)
+
+
+def executor_section(view: dict) -> list[str]:
+    """## Executor and workers (loop/status.executor_view): only once runs went through an executor."""
+    cfg = view["executor"]
+    if cfg["kind"] == "local" and cfg["parallel"] == 1 and not (view["in_flight"] or view["open"] or view["workers"]):
+        return []
+    where = f"Ray at `{cfg['address']}`" if cfg["kind"] == "ray" else "this machine"
+    L = ["## Executor and workers", "",
+         f"- Executor: {cfg['kind']} on {where}, {cfg['parallel']} run(s) at once"
+         + (f", {cfg['num_gpus']:g} GPU(s) per run" if cfg["num_gpus"] else "") + ".",
+         f"- In flight when this report was written: {len(view['in_flight'])} run(s); "
+         f"{len(view['open'])} submitted experiment(s) without a verdict"
+         + (f" ({', '.join(f'#{i}' for i in view['open'][:20])})" if view["open"] else "") + "."]
+    lost = sum(w["lost"] for w in view["workers"])
+    requeued = sum("re-queued as" in (r["reason"] or "") for r in view["lost"])
+    if view["lost"] or lost:
+        L.append(f"- Lost runs (a worker or node died): {max(lost, len(view['lost']))}; re-queued once: {requeued}. "
+                 "A run lost twice discards its experiment.")
+    if view["workers"]:
+        L += ["", "| worker | runs | ok | failed | lost |", "|---|---|---|---|---|"]
+        for w in view["workers"]:
+            L.append(f"| `{_md(w['worker'])}` | {w['runs']} | {w['ok']} | {w['failed']} | {w['lost']} |")
+    L.append("")
+    return L
 
 
 def _md(text: str) -> str:
@@ -394,6 +421,8 @@ def write_report(workspace: Path | str | None = None) -> ReportFiles:
         data.mechanism_lines = mechanism_section(eng.ledger, c["id"], rows)
         from mcp_server.loop.approvals import report_section
         data.approval_lines = report_section(eng.ledger, c["id"])
+        from mcp_server.loop.status import executor_view
+        data.executor_lines = executor_section(executor_view(eng))
         out = eng.ws.reports_dir
         out.mkdir(parents=True, exist_ok=True)
         plot = plot_progress(data, out / "progress.png")

@@ -17,6 +17,10 @@ def run_args(sp) -> None:
                          "(the per-experiment training budget is fixed by the workspace)")
     sp.add_argument("--no-mechanisms", action="store_true", help="plain hill climb: do not consult suggest_next")
     sp.add_argument("--seed", type=int, default=0, help="seed of the agent's own choices (reproducible runs)")
+    sp.add_argument("--parallel", type=int, default=None, metavar="N",
+                    help="candidates in flight at once, through submit_experiment / wait on the workspace's executor "
+                         "(default: its [executor] parallel setting, 1 unless set; 1 on the local executor = one "
+                         "experiment at a time with run_experiment / score)")
 
 
 def run(args) -> int:
@@ -30,15 +34,25 @@ def run(args) -> int:
         return usage_error("run", "-n must be >= 0")
     if args.time_budget is not None and args.time_budget <= 0:
         return usage_error("run", "--time-budget must be a positive number of seconds")
+    if args.parallel is not None and args.parallel < 1:
+        return usage_error("run", "--parallel must be at least 1 (1 = one experiment at a time)")
     ws = Workspace.find(args.workspace)
     console = Console()
-    state = ProgressState(f"loopwright run · {ws.root.name} · built-in agent, seed {args.seed}", n=args.n)
+    ex = ws.cfg.executor
+    parallel = ex.parallel if args.parallel is None else args.parallel
+    if parallel > ex.parallel:
+        console.print(f"note: {parallel} candidates in flight but the {ex.kind} executor runs {ex.parallel} run(s) at "
+                      f"once (each candidate is {ws.cfg.noise.baseline_seeds} paired runs); the rest queue. "
+                      f"`loopwright config set executor.parallel {parallel}` runs more at once.")
+    state = ProgressState(f"loopwright run · {ws.root.name} · built-in agent, seed {args.seed}"
+                          + (f", {parallel} in parallel on {ex.kind}" if parallel > 1 or ex.kind != "local" else ""),
+                          n=args.n)
     if args.time_budget:
         state.deadline = state.started + args.time_budget
     try:
         with Display(state, console) as display:
             res = run_builtin(ws.root, n=args.n, wall_seconds=args.time_budget,
-                              mechanisms=not args.no_mechanisms, seed=args.seed, observer=display)
+                              mechanisms=not args.no_mechanisms, seed=args.seed, observer=display, parallel=parallel)
     except AgentError as e:
         print(f"loopwright run: {e}", file=sys.stderr)
         return 1
@@ -58,6 +72,8 @@ def demo_args(sp) -> None:
                     help="wall-clock cap: no experiment starts that would end after it (default 6)")
     sp.add_argument("--seed", type=int, default=0)
     sp.add_argument("--no-mechanisms", action="store_true")
+    sp.add_argument("--parallel", type=int, default=1, metavar="N",
+                    help="candidates in flight at once, N runs at once on this machine (default 1: one at a time)")
 
 
 def demo(args) -> int:
@@ -69,9 +85,12 @@ def demo(args) -> int:
         return usage_error("demo", "-n must be at least 1")
     if args.minutes is not None and args.minutes <= 0:
         return usage_error("demo", "--minutes must be positive")
+    if args.parallel < 1:
+        return usage_error("demo", "--parallel must be at least 1 (1 = one experiment at a time)")
     demo_mod.run_demo(args.dir, time_budget=args.time_budget or demo_mod.DEMO_TIME_BUDGET,
                       n=args.n or demo_mod.DEMO_EXPERIMENTS, seed=args.seed,
-                      minutes=args.minutes or demo_mod.DEMO_MINUTES, mechanisms=not args.no_mechanisms)
+                      minutes=args.minutes or demo_mod.DEMO_MINUTES, mechanisms=not args.no_mechanisms,
+                      parallel=args.parallel)
     return 0
 
 

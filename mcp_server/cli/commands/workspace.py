@@ -50,17 +50,24 @@ def status_args(sp) -> None:
 
 
 def status(args) -> int:
+    from mcp_server.loop.status import executor_view
+
+    if args.limit < 1:
+        return usage_error("status", "--limit must be at least 1")
     with open_engine(args) as eng:
         s, b = eng.summary(), eng.budget()
         rows = eng.recent_experiments(args.limit)
         from mcp_server.cli.approvals import waiting_lines  # the autonomy slider: what waits on a person
         waiting = waiting_lines(eng)
+        ex = executor_view(eng)
         if args.json:
             print(json.dumps({"summary": s.model_dump(), "budget": b.model_dump(), "waiting_approvals": waiting,
+                              "executor": ex,
                               "recent": [{k: r[k] for k in ("id", "description", "status", "verdict", "val_bpb")}
                                          for r in rows]}, indent=2))
             return 0
         _print_status(s, b, rows)
+        _print_executor(ex)
         if waiting:
             print("waiting for a person (`loopwright approve ID`, `loopwright reject ID --why ...`):")
             for line in waiting:
@@ -96,6 +103,54 @@ def _print_status(s, b, rows) -> None:
         t.add_row(str(r["id"]), for_rich(r["description"], 60), r["status"], f"[{colour}]{r['verdict'] or ''}[/]"
                   if colour else (r["verdict"] or ""), val, (r["commit_sha"] or "")[:8])
     con.print(t)
+
+
+def _ago(seconds) -> str:
+    if seconds is None:
+        return "—"
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def _print_executor(ex: dict) -> None:
+    """In-flight runs and workers: shown once experiments go through an executor (submit_experiment)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from mcp_server.loop.text import for_rich
+
+    cfg = ex["executor"]
+    if cfg["kind"] == "local" and cfg["parallel"] == 1 and not (ex["in_flight"] or ex["open"] or ex["workers"]):
+        return   # one experiment at a time on this machine: nothing more to show
+    con = Console()
+    where = f"ray at {cfg['address']}" if cfg["kind"] == "ray" else "this machine"
+    gpus = f", {cfg['num_gpus']:g} GPU(s) per run" if cfg["num_gpus"] else ""
+    driver = ("a driver is running" if ex["driver_alive"] else
+              "no driver running" + (" (runs in flight resume when one starts: `loopwright run` or an agent's "
+                                     "submit_experiment)" if ex["in_flight"] else ""))
+    con.print(f"[bold]executor[/] {cfg['kind']} on {where}, {cfg['parallel']} run(s) at once{gpus}; {driver}")
+    n_exp = len({r["experiment_id"] for r in ex["in_flight"]})
+    con.print(f"[bold]in flight[/] {len(ex['in_flight'])} run(s) of {n_exp} experiment(s); "
+              f"{len(ex['open'])} submitted experiment(s) await a verdict" +
+              (f": {', '.join(f'#{i}' for i in ex['open'][:12])}" if ex["open"] else ""))
+    if ex["in_flight"]:
+        t = Table(title="runs in flight (queued or running)")
+        for col in ("run", "experiment", "role", "seed", "attempt", "queued for"):
+            t.add_column(col)
+        for r in ex["in_flight"]:
+            t.add_row(str(r["run_id"]), f"#{r['experiment_id']} {for_rich(r['description'], 40)}", str(r["role"] or ""),
+                      str(r["seed"] if r["seed"] is not None else ""),
+                      str(r["attempt"]) + (" (re-queued)" if r["attempt"] > 1 else ""), _ago(r["for_s"]))
+        con.print(t)
+    if ex["workers"]:
+        t = Table(title="workers (recent runs)")
+        for col in ("worker", "runs", "ok", "failed", "lost", "last run ended"):
+            t.add_column(col)
+        for w in ex["workers"]:
+            t.add_row(for_rich(w["worker"], 48), str(w["runs"]), str(w["ok"]), str(w["failed"]),
+                      f"[red]{w['lost']}[/]" if w["lost"] else "0", _ago(w["last_s"]) + " ago")
+        con.print(t)
+    for r in ex["lost"][:5]:
+        con.print(f"[red]lost[/] run #{r['run_id']} on {for_rich(r['worker'] or '?', 40)}: {for_rich(r['reason'], 120)}")
 
 
 def export_tsv_args(sp) -> None:
