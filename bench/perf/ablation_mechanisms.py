@@ -40,7 +40,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from mcp_server.agents.builtin import run_builtin, set_constant  # noqa: E402
+from mcp_server.agents.builtin import Planner, run_builtin, set_constant  # noqa: E402
 from mcp_server.loop.setup import init_workspace  # noqa: E402
 from mcp_server.loop.workspace import bench_source_dir  # noqa: E402
 
@@ -87,7 +87,7 @@ def campaign(tmp: Path, args, mechanisms: bool, repeat: int) -> dict:
             b = d["result"].get("baseline") or {}
             print(f"    [{tag}] baseline {b.get('mean', float('nan')):.4f} ± {b.get('sigma', 0):.4f}", flush=True)
 
-    res = run_builtin(root, n=args.n, mechanisms=mechanisms, seed=repeat, observer=log)
+    res = run_builtin(root, n=args.n, mechanisms=mechanisms, seed=repeat, observer=log, planner=planner(args, repeat))
     base, best = res.baseline, res.best
     out = {"arm": "mechanisms" if mechanisms else "plain", "repeat": repeat, "baseline": base, "best": best,
            "delta": None if base is None or best is None else best - base, "kept": res.kept,
@@ -163,6 +163,11 @@ def summarise(runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def planner(args, seed: int) -> Planner:
+    """The built-in agent's planner; --no-expert-first drops its fixed opening moves."""
+    return Planner(seed, expert=()) if args.no_expert_first else Planner(seed)
+
+
 def add_campaign_args(p: argparse.ArgumentParser) -> None:
     """The benchmark-copy and campaign options both ablations take."""
     p.add_argument("--time-budget", type=float, default=60.0, help="training seconds per experiment (a cap)")
@@ -174,6 +179,10 @@ def add_campaign_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--corpus", default="stdlib")
     p.add_argument("--out", type=Path, default=None, help="write every campaign's figures as JSON here")
     p.add_argument("--keep-workspaces", action="store_true")
+    p.add_argument("--no-expert-first", action="store_true",
+                   help="the built-in agent without its fixed opening moves (EXPERT_FIRST: the same edits in the "
+                        "same order in every arm and repeat, whatever the mechanisms say); with them the arms "
+                        "cannot differ before experiment len(EXPERT_FIRST) + 1")
 
 
 def run_arms(tmp: Path, args, arms, campaign, runs: list, extra=None) -> None:

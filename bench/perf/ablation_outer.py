@@ -8,6 +8,10 @@
 
     python bench/perf/ablation_outer.py                        # 3 repeats x 3 arms x 12 experiments
     python bench/perf/ablation_outer.py --summarise a.json b.json   # arms run separately, paired by repeat
+
+The built-in agent opens every campaign with the same fixed moves (EXPERT_FIRST, 5 of them), which
+ignore suggest_next: with -n 5 or fewer the three arms make identical edits in every repeat.
+--no-expert-first drops them, so that the mechanisms steer from the first experiment.
     python bench/perf/ablation_outer.py --repeats 1 -n 4 --steps 8 --out /tmp/outer.json   # a smoke run
 
 Campaigns are paired: repeat r of every arm uses the same agent seed, a fresh workspace on the
@@ -33,7 +37,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ablation_mechanisms import add_campaign_args, bench_copy, fmt_paired, paired_diffs, paired_stats, run_arms  # noqa: E402
+from ablation_mechanisms import add_campaign_args, bench_copy, fmt_paired, paired_diffs, paired_stats, planner, run_arms  # noqa: E402
 
 from mcp_server.agents.builtin import run_builtin  # noqa: E402
 from mcp_server.loop.setup import init_workspace  # noqa: E402
@@ -71,7 +75,8 @@ def campaign(tmp: Path, args, arm: str, repeat: int) -> dict:
             m = d["suggestion"]["mechanisms"][0]
             print(f"    [{tag}] mechanism {m['name']} ({m['status']}): {m.get('note') or m.get('category')}", flush=True)
 
-    res = run_builtin(root, n=args.n, mechanisms=arm != "none", seed=repeat, observer=log)
+    res = run_builtin(root, n=args.n, mechanisms=arm != "none", seed=repeat, observer=log,
+                      planner=planner(args, repeat))
     with Workspace.open(root).ledger() as led:
         trials = led.trials()
     base, best = res.baseline, res.best
@@ -147,7 +152,8 @@ def summarise(runs: list[dict]) -> str:
 
 def summarise_files(paths: list[Path], out: Path | None) -> int:
     docs = [json.loads(f.read_text()) for f in paths]
-    scale = ("n", "steps", "window", "batch", "threads", "eval_tokens", "baseline_seeds", "time_budget", "corpus")
+    scale = ("n", "steps", "window", "batch", "threads", "eval_tokens", "baseline_seeds", "time_budget", "corpus",
+             "no_expert_first")
     scales = {tuple(d["args"].get(k) for k in scale) for d in docs}
     if len(scales) > 1:
         raise SystemExit(f"the files were run at different scales ({sorted(scales)}): their campaigns do not pair")
