@@ -142,7 +142,7 @@ def test_parallel_session_status_and_report(tmp_path, small_corpus):
     out = subprocess.run([sys.executable, "-m", "mcp_server.cli", "status", "-w", str(ws.root)], cwd=REPO,
                          capture_output=True, text=True, timeout=120, env=wide())
     assert out.returncode == 0, out.stderr
-    assert "executor local on this machine, 2 run(s) at once" in out.stdout, out.stdout
+    assert "executor local (this machine), 2 run(s) at once" in out.stdout, out.stdout
     assert "in flight 0 run(s)" in out.stdout and "workers (recent runs)" in out.stdout
     assert "ray:abc123:gpu7" in out.stdout and "lost run #" in out.stdout and "re-queued as #99" in out.stdout
     js = json.loads(subprocess.run([sys.executable, "-m", "mcp_server.cli", "status", "--json", "-w", str(ws.root)],

@@ -30,6 +30,7 @@ import argparse
 import itertools
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -117,12 +118,14 @@ class Driver:
 
     def wait_one(self) -> list[dict]:
         """Block until at least one submitted experiment is decided; record its timing."""
+        # wait(None) returns what was decided while it waited; one decided meanwhile (a submission records
+        # and decides what finished) is not among them, so every one of ours is looked at after it
         res = self.eng.wait(None, timeout=900)
         if res.timed_out:
             raise RuntimeError(f"nothing was decided in 900 s; in flight: {res.in_flight}")
         out = []
-        for r in res.results:
-            if r.experiment_id not in self.submitted:
+        for r in self.eng.wait(list(self.submitted), timeout=0).results:
+            if r.state != "decided":
                 continue
             t1 = time.monotonic()
             row = self.eng.ledger.experiment(r.current_id)
@@ -207,6 +210,9 @@ def main() -> int:
                     help="run only these parts (repeatable)")
     ap.add_argument("--json", default="bench_ray.json", help="where the figures go (default ./bench_ray.json)")
     args = ap.parse_args()
+    # SIGTERM (and SIGINT, ignored in a background job otherwise): unwind, so the Ray cluster is torn down
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: sys.exit(143))
     try:
         workers = [int(w) for w in args.workers.split(",") if w.strip()]
     except ValueError:
@@ -255,6 +261,9 @@ def main() -> int:
                         blocks.append(b)
                     out["scaling"] = summarise_scaling(blocks, workers)
                     print_scaling(out["scaling"])
+                import ray  # this process's connection goes before the cluster does
+                if ray.is_initialized():
+                    ray.shutdown()
     out["load_end"] = load()
     Path(args.json).write_text(json.dumps(out, indent=2))
     print(f"load average {out['load_start']} -> {out['load_end']}; figures in {args.json}")
@@ -306,16 +315,21 @@ def summarise_scaling(blocks: list[dict], workers: list[int]) -> dict:
                      "ratio": None if base is None else round(statistics.median(per_hour) / (n * base), 3),
                      "ratio_all": None if base is None else [round(p / (n * base), 3) for p in per_hour],
                      "makespan_s": [b["makespan_s"] for b in mine], "load": [b["load"] for b in mine],
-                     "failed": sum(b["candidates"] - b["ok"] for b in mine)})
+                     "failed": sum(b["candidates"] - b["ok"] for b in mine),
+                     # where the time of a run went: the evaluator (CPU: contended by N at once on this
+                     # machine) and the rest (executor + engine: orchestration)
+                     "eval_wall_median_s": median(r["eval_wall_s"] for b in mine for r in b["records"]),
+                     "overhead_median_s": median(r["overhead_s"] for b in mine for r in b["records"])})
     return {"rows": rows, "blocks": blocks, "single_worker_per_hour": base}
 
 
 def print_scaling(s: dict) -> None:
     print("\nthroughput (synthetic candidates per hour; ratio = per_hour / (N x single-worker), target >= 0.9)")
-    print(f"{'workers':>8}{'per hour (median)':>20}{'ratio':>8}{'ratio per block':>24}{'failed':>8}")
+    print(f"{'workers':>8}{'per hour (median)':>20}{'ratio':>8}{'ratio per block':>24}{'failed':>8}"
+          f"{'eval s':>8}{'orchestration s':>17}")
     for r in s["rows"]:
         print(f"{r['workers']:>8}{r['per_hour_median']:>20.1f}{(r['ratio'] or 0):>8.3f}{str(r['ratio_all']):>24}"
-              f"{r['failed']:>8}")
+              f"{r['failed']:>8}{r['eval_wall_median_s']:>8.2f}{r['overhead_median_s']:>17.3f}")
 
 
 if __name__ == "__main__":

@@ -654,12 +654,21 @@ class BuiltinAgent:
         return None
 
     async def _wait_for(self, ids: list[int], any_one: bool = False) -> None:
-        """wait() for the ids (any one of them with any_one), then record every decided result."""
+        """wait() for the ids (any one of them with any_one), then record every decided result.
+
+        wait() without ids returns only what was decided while it waited; an experiment decided in between
+        (submit_experiment and state_read record and decide what finished) is not among them, so after it
+        the state of every id is read (wait(ids, 0): no blocking) and each decided one is recorded."""
         while True:
             res = await self.call("wait", {"ids": None if any_one else ids, "timeout_s": 600})
+            if any_one:
+                res = await self.call("wait", {"ids": ids, "timeout_s": 0})
             for r in res.get("results", []):
-                self._decided(r)
-            if not res.get("timed_out") or not (set(ids) & set(res.get("in_flight", []))):
+                if r.get("state") == "decided":
+                    self._decided(r)
+            if not any(i in self.flights for i in ids) or not any_one and not res.get("timed_out"):
+                return
+            if any_one and any(r.get("state") == "decided" for r in res.get("results", [])):
                 return
 
     def _decided(self, r: dict) -> None:

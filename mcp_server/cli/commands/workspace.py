@@ -122,12 +122,12 @@ def _print_executor(ex: dict) -> None:
     if cfg["kind"] == "local" and cfg["parallel"] == 1 and not (ex["in_flight"] or ex["open"] or ex["workers"]):
         return   # one experiment at a time on this machine: nothing more to show
     con = Console()
-    where = f"ray at {cfg['address']}" if cfg["kind"] == "ray" else "this machine"
+    where = f"the Ray cluster at {cfg['address']}" if cfg["kind"] == "ray" else "this machine"
     gpus = f", {cfg['num_gpus']:g} GPU(s) per run" if cfg["num_gpus"] else ""
     driver = ("a driver is running" if ex["driver_alive"] else
               "no driver running" + (" (runs in flight resume when one starts: `loopwright run` or an agent's "
                                      "submit_experiment)" if ex["in_flight"] else ""))
-    con.print(f"[bold]executor[/] {cfg['kind']} on {where}, {cfg['parallel']} run(s) at once{gpus}; {driver}")
+    con.print(f"[bold]executor[/] {cfg['kind']} ({where}), {cfg['parallel']} run(s) at once{gpus}; {driver}")
     n_exp = len({r["experiment_id"] for r in ex["in_flight"]})
     con.print(f"[bold]in flight[/] {len(ex['in_flight'])} run(s) of {n_exp} experiment(s); "
               f"{len(ex['open'])} submitted experiment(s) await a verdict" +
