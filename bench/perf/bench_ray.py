@@ -30,6 +30,7 @@ import argparse
 import itertools
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -220,7 +221,17 @@ def main() -> int:
     if not workers or min(workers) < 1 or args.waves < 1 or args.repeats < 1 or args.pairs < 2 or args.sleep <= 0:
         ap.error("--workers, --waves, --repeats must be positive, --pairs at least 2 and --sleep > 0")
     parts = set(args.only or ["ledger", "overhead", "scaling"])
-    os.environ.setdefault("LOOPWRIGHT_HOME", tempfile.mkdtemp(prefix="lwbench-home-"))
+    own_home = None if os.environ.get("LOOPWRIGHT_HOME") else tempfile.mkdtemp(prefix="lwbench-home-")
+    if own_home:   # the workspace's state directory: a private one, removed at the end
+        os.environ["LOOPWRIGHT_HOME"] = own_home
+    try:
+        return run(args, parts, workers)
+    finally:
+        if own_home:
+            shutil.rmtree(own_home, ignore_errors=True)
+
+
+def run(args, parts: set, workers: list[int]) -> int:
     out: dict = {"command": " ".join([os.path.basename(sys.executable)] + sys.argv), "cpus": os.cpu_count(),
                  "sleep_s": args.sleep, "load_start": load(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     with tempfile.TemporaryDirectory(prefix="lwbench-") as d:
