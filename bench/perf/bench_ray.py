@@ -119,14 +119,13 @@ class Driver:
 
     def wait_one(self) -> list[dict]:
         """Block until at least one submitted experiment is decided; record its timing."""
-        # wait(None) returns what was decided while it waited; one decided meanwhile (a submission records
-        # and decides what finished) is not among them, so every one of ours is looked at after it
+        # wait(None) returns every decision not handed over yet (also one decided inside a submission)
         res = self.eng.wait(None, timeout=900)
         if res.timed_out:
             raise RuntimeError(f"nothing was decided in 900 s; in flight: {res.in_flight}")
         out = []
-        for r in self.eng.wait(list(self.submitted), timeout=0).results:
-            if r.state != "decided":
+        for r in res.results:
+            if r.state != "decided" or r.experiment_id not in self.submitted:
                 continue
             t1 = time.monotonic()
             row = self.eng.ledger.experiment(r.current_id)

@@ -654,21 +654,18 @@ class BuiltinAgent:
         return None
 
     async def _wait_for(self, ids: list[int], any_one: bool = False) -> None:
-        """wait() for the ids (any one of them with any_one), then record every decided result.
-
-        wait() without ids returns only what was decided while it waited; an experiment decided in between
-        (submit_experiment and state_read record and decide what finished) is not among them, so after it
-        the state of every id is read (wait(ids, 0): no blocking) and each decided one is recorded."""
+        """wait() for the ids (with any_one: wait() without ids, which returns every decision not handed over
+        yet, also one decided inside submit_experiment or state_read), then record every decided result."""
         while True:
             res = await self.call("wait", {"ids": None if any_one else ids, "timeout_s": 600})
-            if any_one:
-                res = await self.call("wait", {"ids": ids, "timeout_s": 0})
-            for r in res.get("results", []):
-                if r.get("state") == "decided":
-                    self._decided(r)
-            if not any(i in self.flights for i in ids) or not any_one and not res.get("timed_out"):
+            decided = [r for r in res.get("results", []) if r.get("state") == "decided"]
+            for r in decided:
+                self._decided(r)
+            if not any(i in self.flights for i in ids):
                 return
-            if any_one and any(r.get("state") == "decided" for r in res.get("results", [])):
+            if any_one and (decided or not res.get("in_flight")):
+                return
+            if not any_one and not res.get("timed_out"):
                 return
 
     def _decided(self, r: dict) -> None:

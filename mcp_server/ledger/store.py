@@ -291,6 +291,13 @@ MIGRATIONS.append("""
         submitted_at REAL NOT NULL
     )
 """)
+# 12: a decided submission's verdict handed to the agent by wait() (wait() without ids returns every decided
+# submission not handed over yet, also one decided inside submit_experiment or state_read); those decided
+# before this column existed count as handed over
+MIGRATIONS.append("""
+    ALTER TABLE submissions ADD COLUMN reported_at REAL;
+    UPDATE submissions SET reported_at = decided_at WHERE decided_at IS NOT NULL
+""")
 
 # Columns an experiment row may be updated with (guards against typos reaching SQL).
 _EXPERIMENT_FIELDS = {
@@ -512,6 +519,17 @@ class Ledger:
                 c.execute("UPDATE submissions SET current_id=? WHERE id=?", (current_id, submission_id))
             if decided:
                 c.execute("UPDATE submissions SET decided_at=? WHERE id=?", (time.time(), submission_id))
+
+    def unreported_submissions(self, campaign_id: int) -> list[dict]:
+        """Decided submissions whose verdict wait() has not handed over yet."""
+        return [dict(r) for r in self.conn.execute(
+            "SELECT * FROM submissions WHERE campaign_id=? AND decided_at IS NOT NULL AND reported_at IS NULL "
+            "ORDER BY id", (campaign_id,))]
+
+    def mark_submissions_reported(self, submission_ids: list[int]) -> None:
+        with self.tx() as c:
+            c.executemany("UPDATE submissions SET reported_at=? WHERE id=? AND reported_at IS NULL",
+                          [(time.time(), i) for i in submission_ids])
 
     def add_inflight(self, run_id: int, campaign_id: int, executor: str, attempt: int = 1) -> None:
         with self.tx() as c:

@@ -581,8 +581,11 @@ def result_of(eng: "Engine", sub: dict) -> AsyncResult:
 
 
 def wait(eng: "Engine", ids: Optional[list[int]] = None, timeout: float = 600.0) -> WaitResult:
-    """Block until every experiment in `ids` is decided (ids=None: until any submission still open at the
-    call is decided), or `timeout` seconds passed. Records outcomes as they arrive."""
+    """Block until every experiment in `ids` is decided, or `timeout` seconds passed. ids=None ("any"):
+    every decided submission whose verdict no wait() has handed over yet -- also one decided inside
+    submit_experiment or state_read -- at once when there is one, else block until one is decided; with
+    nothing in flight and nothing undelivered it returns at once, saying so. Every decided result returned
+    counts as handed over. Records outcomes as they arrive."""
     c = eng.campaign
     wanted: Optional[set[int]] = None
     if ids is not None:
@@ -600,20 +603,27 @@ def wait(eng: "Engine", ids: Optional[list[int]] = None, timeout: float = 600.0)
             settle(eng, drv)
         subs = {s["id"]: s for s in eng.ledger.submissions(c["id"])}
         open_now = {i for i, s in subs.items() if not s["decided_at"]}
+        idle = False
         if wanted is not None:
             done = not (wanted & open_now)
             show = sorted(wanted)
         else:
-            finished = open_at_start - open_now
-            done = bool(finished) or not open_at_start
-            show = sorted(finished)
+            show = [s["id"] for s in eng.ledger.unreported_submissions(c["id"])]
+            idle = not show and not open_now
+            done = bool(show) or idle
         left = deadline - time.monotonic()
         if done or left <= 0 or drv is None:
             results = [result_of(eng, subs[i]) for i in show]
+            eng.ledger.mark_submissions_reported([r.experiment_id for r in results if r.state == "decided"])
             pending = sorted(open_now)
-            nxt = ("Decided: read each verdict; keeps moved the branch. Submit the next idea." if done else
-                   f"Still running after {timeout:g} s: wait again, or submit more ideas meanwhile.")
-            if drv is None and open_now:
+            if idle:
+                nxt = ("Nothing in flight and nothing undelivered: every submitted experiment's verdict was "
+                       "returned before. Submit the next idea with submit_experiment.")
+            elif done:
+                nxt = "Decided: read each verdict; keeps moved the branch. Submit the next idea."
+            else:
+                nxt = f"Still running after {timeout:g} s: wait again, or submit more ideas meanwhile."
+            if drv is None and open_now and not done:
                 nxt = "No driver runs in this process: submit_experiment starts one (and reconciles what was in flight)."
             return WaitResult(results=results, in_flight=pending, timed_out=not done, next_step=nxt)
         drv.wait_for_outcome(min(left, 5.0))

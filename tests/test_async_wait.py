@@ -1,0 +1,102 @@
+"""wait() semantics and the driver's reconcile, on an instant executor (no training: each run's val_bpb is a
+function of its source and seed), so the engine's bookkeeping is what is tested: `wait()` without ids returns
+every decision the caller has not been given yet (also those decided inside submit_experiment or state_read),
+and returns at once when nothing is in flight and nothing is undelivered."""
+from __future__ import annotations
+
+import time
+from typing import Iterable, Optional
+
+import pytest
+from test_executors import STEPS
+
+from mcp_server.executors.base import RunOutcome, RunSpec
+from mcp_server.loop import asyncrun
+from mcp_server.loop.engine import Engine
+
+from conftest import hobbled_bench, make_workspace, set_constant
+
+
+class InstantExecutor:
+    """Finishes every run the moment it is submitted: val_bpb 2.0 (+ a per-seed wobble), 0.1 lower when the
+    source has the normal learning rate."""
+    kind = "local"
+
+    def __init__(self, capacity: int = 4):
+        self.capacity = capacity
+        self._done: dict[int, RunOutcome] = {}
+
+    def submit(self, spec: RunSpec) -> int:
+        val = 2.0 + (spec.seed % 7) * 0.001 - (0.1 if "LR = 0.004" in spec.sources["train.py"] else 0.0)
+        self._done[spec.run_id] = RunOutcome(spec.run_id, "ok", val_bpb=val, test_bpb=val, eval_seconds=0.1,
+                                             summary={"num_steps": 1}, sandbox="bwrap", worker="local:test:1")
+        return spec.run_id
+
+    def wait(self, handles: Optional[Iterable[int]] = None, timeout: Optional[float] = None) -> list[RunOutcome]:
+        out, self._done = list(self._done.values()), {}
+        if not out and timeout:
+            time.sleep(min(timeout, 0.05))
+        return out
+
+    def cancel(self, handle: int) -> None:
+        self._done.pop(handle, None)
+
+    def in_flight(self) -> list[int]:
+        return list(self._done)
+
+    def close(self) -> None:
+        self._done = {}
+
+
+@pytest.fixture
+def instant(monkeypatch):
+    monkeypatch.setattr(asyncrun, "make_executor", lambda *a, **k: InstantExecutor())
+
+
+def _settled(eng: Engine, sub_id: int) -> None:
+    deadline = time.monotonic() + 30
+    while eng.ledger.submission(sub_id)["decided_at"] is None:
+        assert time.monotonic() < deadline, "never decided"
+        eng.state("summary")          # state_read polls: records and decides
+        time.sleep(0.05)
+
+
+def test_wait_any_returns_decisions_made_elsewhere_and_never_blocks_on_nothing(tmp_path, small_corpus, instant):
+    ws = make_workspace(tmp_path / "ws", small_corpus, bench_dir=hobbled_bench(tmp_path / "bench"), **STEPS)
+    eng = Engine(ws.root)
+    try:
+        base = eng.submit_experiment("baseline")
+        res = eng.wait([base.experiment_id], timeout=30)
+        assert [r.experiment_id for r in res.results] == [base.experiment_id] and not res.timed_out
+        # decided inside state_read, before any wait(): wait() for "any" must still hand it over
+        set_constant(ws.root / "train.py", "LR", "0.004")
+        good = eng.submit_experiment("normal learning rate")
+        _settled(eng, good.experiment_id)
+        t0 = time.monotonic()
+        res = eng.wait(None, timeout=20)
+        assert [r.experiment_id for r in res.results] == [good.experiment_id], res
+        assert res.results[0].state == "decided" and not res.timed_out
+        assert time.monotonic() - t0 < 5
+        # given once: nothing in flight and nothing undelivered -> at once, saying so (never a 20 s block)
+        t0 = time.monotonic()
+        res = eng.wait(None, timeout=20)
+        assert res.results == [] and res.in_flight == [] and not res.timed_out
+        assert "nothing in flight" in res.next_step.lower(), res.next_step
+        assert time.monotonic() - t0 < 5
+        # decided inside submit_experiment (it settles first): the next wait() returns it
+        set_constant(ws.root / "train.py", "DEPTH", "3")
+        one = eng.submit_experiment("one block fewer")
+        set_constant(ws.root / "train.py", "DEPTH", "2")
+        two = eng.submit_experiment("two blocks fewer")        # settles `one` before it queues
+        got: list[int] = []
+        deadline = time.monotonic() + 30
+        while len(got) < 2 and time.monotonic() < deadline:
+            got += [r.experiment_id for r in eng.wait(None, timeout=10).results]
+        assert sorted(got) == [one.experiment_id, two.experiment_id], got
+        # wait(ids) delivers too: asking for "any" afterwards does not repeat it
+        res = eng.wait([one.experiment_id], timeout=0)
+        assert [r.experiment_id for r in res.results] == [one.experiment_id]
+        assert eng.wait(None, timeout=5).results == []
+    finally:
+        asyncrun.close_driver(eng)
+        eng.close()
