@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from mcp_server.agents.builtin import Attempt, Planner, session_mode
+from mcp_server.agents.builtin import EXPERT_FIRST, Attempt, Planner, session_mode
 from mcp_server.loop.config import ExecutorConfig
 from mcp_server.mechanisms.source import tunable_constants
 
@@ -56,9 +56,10 @@ def test_busy_constants_are_left_alone():
     assert p.propose(TRAIN, busy=names) is None
     # an expert-first move skipped while its constant was busy is still proposed later
     q = Planner(0)
-    first = q.propose(TRAIN, busy={"WARMUP_STEPS"})
-    assert first is not None and first.name != "WARMUP_STEPS"
-    assert q.propose(TRAIN).name == "WARMUP_STEPS"
+    opening = EXPERT_FIRST[0][0]
+    first = q.propose(TRAIN, busy={opening})
+    assert first is not None and first.name != opening
+    assert q.propose(TRAIN).name == opening
 
 
 def test_cli_refuses_a_bad_parallel(tmp_path):

@@ -42,7 +42,8 @@ EMBED_LR = 0.01         # AdamW learning rate of the embedding
 WEIGHT_DECAY = 0.0      # AdamW decoupled weight decay on the block matrices
 BETA1 = 0.9
 BETA2 = 0.95
-WARMUP_STEPS = 10       # linear LR warm-up
+WARMUP_STEPS = 0        # linear LR warm-up (0 = none: at this budget no warm-up beat 3 steps on 3 of 3 paired
+                        # seeds and 10 steps by 0.26 bpb, BENCHMARKS.md "Paired screen")
 WARMDOWN_FRAC = 0.2     # last fraction of the run decays the LR linearly to 0 (0.2 beat 0.4 on 10 of 10
                         # paired seeds, BENCHMARKS.md "Noise: paired vs unpaired")
 GRAD_CLIP = 1.0         # max global grad norm (0 = off)
@@ -245,7 +246,7 @@ def main():
         loss.backward()
         if GRAD_CLIP > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
-        warmup = min(1.0, (budget.steps + 1) / WARMUP_STEPS)
+        warmup = min(1.0, (budget.steps + 1) / WARMUP_STEPS) if WARMUP_STEPS > 0 else 1.0
         warmdown = min(1.0, max(0.0, (1.0 - budget.progress()) / WARMDOWN_FRAC))
         for opt in optimizers:
             for g in opt.param_groups:

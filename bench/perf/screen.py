@@ -1,0 +1,119 @@
+"""Paired screen: several one-constant changes of the bundled train.py against the same base, same seeds.
+
+    python bench/perf/screen.py --seeds 3 --eval-tokens 8192 \\
+        --variants EMBED_LR=0.03 LOGIT_SOFTCAP=30.0 LR=0.006
+    python bench/perf/screen.py --base WARMUP_STEPS=3 --variants WARMUP_STEPS=10 ...   # another base
+
+How the baseline and the built-in agent's first moves are chosen (BENCHMARKS.md, "Paired screen"). For
+each seed the base runs first, then every variant, each through the frozen evaluator, on prepare.py's
+budget clock (auto: the CPU clock without a GPU) unless --clock says otherwise. It prints, per variant,
+the paired differences d_s = variant_s - base_s (negative = better), their mean, their SD, and the
+steps trained; then sigma_d pooled over all variants' deviations around their own means (what the
+loop's verdict estimates, mcp_server/loop/verdict.py) and the MDE it implies at n pairs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from noise import BENCH, run, set_constant  # noqa: E402
+
+
+def apply(src: str, spec: str) -> str:
+    """NAME=VALUE[+NAME=VALUE...] applied to the source."""
+    for part in spec.split("+"):
+        name, sep, value = part.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"--variants/--base take NAME=VALUE[+NAME=VALUE], not {spec!r}")
+        src = set_constant(src, name.strip(), value.strip())
+    return src
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--variants", nargs="+", required=True, help="NAME=VALUE[+NAME=VALUE] each")
+    p.add_argument("--base", default="", help="NAME=VALUE[+...] applied to the bundled train.py first")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--first-seed", type=int, default=1)
+    p.add_argument("--budget", type=float, default=30.0, help="[benchmark] time_budget (the demo's: 30)")
+    p.add_argument("--clock", default=None)
+    p.add_argument("--eval-tokens", type=int, default=8192, help="[benchmark] eval_tokens (the demo's: 8192)")
+    p.add_argument("--out", type=Path, default=None, help="also write every run as JSON lines here")
+    args = p.parse_args(argv)
+
+    tmp = Path(tempfile.mkdtemp(prefix="lw-screen-"))
+    rows: list[dict] = []
+    try:
+        ws = tmp / "ws"
+        ws.mkdir()
+        shutil.copyfile(BENCH / "prepare.py", ws / "prepare.py")
+        base_src = apply((BENCH / "train.py").read_text(), args.base) if args.base else (BENCH / "train.py").read_text()
+        (ws / "train.py").write_text(base_src)
+        files = {"base": "train.py"}
+        for i, v in enumerate(args.variants):
+            (ws / f"v{i}.py").write_text(apply(base_src, v))
+            files[v] = f"v{i}.py"
+        toml = ["[benchmark]", f"time_budget = {args.budget}", f"eval_tokens = {args.eval_tokens}"]
+        if args.clock:
+            toml.append(f'clock = "{args.clock}"')
+        (ws / "loopwright.toml").write_text("\n".join(toml) + "\n")
+        subprocess.run([sys.executable, "prepare.py", "prepare"], cwd=ws, check=True, capture_output=True)
+        load0 = os.getloadavg()
+        print(f"# {time.strftime('%Y-%m-%d %H:%M')} load {load0[0]:.2f}; base {args.base or 'bundled'}; "
+              f"seeds {args.first_seed}..{args.first_seed + args.seeds - 1}", flush=True)
+        t0 = time.monotonic()
+        out = args.out.open("a") if args.out else None
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
+            for tag, train in files.items():
+                r = run(ws, train, seed, tag)
+                rows.append(r)
+                print(json.dumps(r), flush=True)
+                if out:
+                    out.write(json.dumps(r) + "\n")
+                    out.flush()
+        elapsed = time.monotonic() - t0
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    report(rows, args.variants, elapsed, load0, os.getloadavg())
+    return 0
+
+
+def report(rows: list[dict], variants: list[str], elapsed: float, load0, load1) -> None:
+    from mcp_server.loop.config import NoiseConfig
+    from mcp_server.loop.verdict import mde
+
+    base = {r["seed"]: r for r in rows if r["tag"] == "base"}
+    print(f"\n{len(rows)} runs in {elapsed / 60:.1f} min, load {load0[0]:.2f} -> {load1[0]:.2f}; base val_bpb "
+          f"{statistics.fmean(r['val_bpb'] for r in base.values()):.4f}, steps "
+          f"{', '.join(str(r['steps']) for r in base.values())}")
+    print("| change | d per seed | mean d | SD of d | steps (variant) |\n|---|---|---|---|---|")
+    ss, df = 0.0, 0
+    for v in variants:
+        vr = [r for r in rows if r["tag"] == v and r["seed"] in base]
+        d = [r["val_bpb"] - base[r["seed"]]["val_bpb"] for r in vr]
+        m = statistics.fmean(d)
+        sd = statistics.stdev(d) if len(d) > 1 else float("nan")
+        ss += sum((x - m) ** 2 for x in d)
+        df += len(d) - 1
+        print(f"| `{v}` | {', '.join(f'{x:+.4f}' for x in d)} | {m:+.4f} | {sd:.4f} | "
+              f"{', '.join(str(r['steps']) for r in vr)} |")
+    if df:
+        sd_d = math.sqrt(ss / df)
+        noise = NoiseConfig()
+        print(f"\nsigma_d pooled within changes: {sd_d:.4f} ({df} dof); MDE at n = 1/2/3 pairs: "
+              + " / ".join(f"{mde(sd_d, noise, n):.4f}" for n in (1, 2, 3)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
