@@ -108,3 +108,42 @@ async def test_full_cycle_over_stdio(tmp_path, small_corpus):
                                    env=dict(os.environ))
     async with Client(params, read_timeout_seconds=600) as client:
         await _full_cycle(client, ws, [])
+
+
+# A server whose tool handler writes to the process's stdout every way something else in the process can: a
+# raw write to fd 1, print() from a background thread (as Ray's driver prints "(raylet) ... marked dead"),
+# and a child process that inherits fd 1. Over stdio that fd is the protocol channel.
+_NOISY_SERVER = r'''
+import os, subprocess, sys, threading
+import mcp_server.mcp.server as m
+log = os.open(sys.argv[2], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+os.dup2(log, 2)              # the server's stderr, for the test to read
+orig = m.build_server
+def build(*a, **k):
+    s = orig(*a, **k)
+    @s.tool()
+    def shout() -> str:
+        os.write(1, b"raw bytes on fd 1\n")
+        t = threading.Thread(target=lambda: print("(raylet) node 0123abcd marked dead", flush=True))
+        t.start(); t.join()
+        subprocess.run([sys.executable, "-c", "print('a child on the inherited fd 1')"], check=True)
+        return "shouted"
+    return s
+m.build_server = build
+m.serve(sys.argv[1])
+'''
+
+
+async def test_stdout_noise_never_reaches_the_protocol_stream(tmp_path, small_corpus):
+    ws = make_workspace(tmp_path / "ws", small_corpus, bench_dir=hobbled_bench(tmp_path / "bench"))
+    script = tmp_path / "noisy_server.py"
+    script.write_text(_NOISY_SERVER)
+    params = StdioServerParameters(command=sys.executable, args=[str(script), str(ws.root), str(tmp_path / "stderr.log")],
+                                   env=dict(os.environ))
+    async with Client(params, read_timeout_seconds=120) as client:
+        for _ in range(2):
+            assert (await client.call_tool("shout", {})).content[0].text == "shouted"
+        state = await _call(client, "state_read", {"view": "summary"})      # the session still works
+        assert "summary" in state
+    err = (tmp_path / "stderr.log").read_text()
+    assert "raw bytes on fd 1" in err and "marked dead" in err and "a child on the inherited fd 1" in err, err[-2000:]

@@ -14,7 +14,8 @@ environment reaches train.py).
 
 Faults: tasks run with `max_retries=0`; a worker or node that dies gives the outcome `lost`, and the
 engine (not Ray) re-queues it once, so the ledger records what happened. The driver's log stream is off
-(`log_to_driver=False`): worker output must never reach the MCP server's stdout.
+(`log_to_driver=False`), but Ray still prints some messages ("(raylet) ... marked dead") to the driver's
+stdout; the stdio MCP server keeps fd 1 off the protocol channel (mcp/server.py serve()).
 """
 from __future__ import annotations
 

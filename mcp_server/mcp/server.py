@@ -177,8 +177,10 @@ def _register_async_tools(server: MCPServer, in_thread) -> None:
     @server.tool(annotations=ToolAnnotations(title="Wait for experiments", read_only_hint=False,
                                              destructive_hint=False, idempotent_hint=True, open_world_hint=False))
     async def wait(ids: Optional[list[int]] = None, timeout_s: float = 600.0) -> WaitResult:
-        """Wait until the submitted experiments `ids` are decided (no ids: until any open one is), at most
-        timeout_s seconds (0 = just look). Returns each one's verdict, paired differences, lost runs (re-queued
+        """Wait until the submitted experiments `ids` are decided, at most timeout_s seconds (0 = just look).
+        No ids: every decided experiment whose verdict no wait() returned yet (also one decided while you
+        submitted or read the state), blocking only until one is decided; with nothing in flight and nothing
+        undelivered it returns at once. Returns each one's verdict, paired differences, lost runs (re-queued
         once) and what is still in flight."""
         if timeout_s < 0 or timeout_s > 3600:
             raise ToolError(f"timeout_s={timeout_s} is out of range: use 0 (just look) to 3600 seconds")
@@ -226,6 +228,11 @@ def serve(workspace: Path | str, http: bool = False, host: str = "127.0.0.1", po
     _exit_with_parent(ppid)
     _exit_on_stdin_hangup()
     log.info("serving %s on stdio for parent process %d", workspace, ppid)
+    # fd 1 is the protocol channel, and other code in this process writes to it: Ray's driver prints
+    # "(raylet) ... marked dead" to stdout even with log_to_driver=False, child processes inherit fd 1. The
+    # SDK's stdio transport (mcp >= 2.3, the pinned range) claims it: the protocol goes through a private
+    # close-on-exec duplicate and fd 1 is pointed at stderr, so nothing else can reach the client's stream
+    # (tests/test_loop_mcp.py::test_stdout_noise_never_reaches_the_protocol_stream fails if it stops doing so).
     server.run()
     log.info("stdin closed: exiting")
     _shutdown()
