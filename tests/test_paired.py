@@ -249,6 +249,7 @@ def test_ablation_paired_statistics():
 
 def test_ablation_pairs_campaigns_by_repeat_and_formats_the_test():
     import importlib.util
+    import math
     from pathlib import Path
 
     spec = importlib.util.spec_from_file_location(
@@ -266,3 +267,7 @@ def test_ablation_pairs_campaigns_by_repeat_and_formats_the_test():
     assert "no test" in ab.fmt_paired(ab.paired_stats([-0.05]))
     text = ab.fmt_paired(ab.paired_stats([d for _, d in pairs]))
     assert text.startswith("-0.1250 [") and "t = " in text and "p = 0.500" in text
+    # no spread: identical pairs give t = 0 and p = 1, a constant nonzero difference an infinite t of its sign
+    st = ab.paired_stats([0.0] * 8)
+    assert st["t"] == 0.0 and st["p_signflip"] == 1.0 and "every pair identical" in ab.fmt_paired(st)
+    assert ab.paired_stats([-0.01] * 3)["t"] == -math.inf

@@ -113,7 +113,9 @@ def paired_stats(diffs: list[float]) -> dict:
             10: 2.228, 11: 2.201, 12: 2.179, 14: 2.145, 19: 2.093}.get(n - 1, 1.96)
     half = t975 * sd / math.sqrt(n)
     out.update(sd=sd, ci=(out["mean"] - half, out["mean"] + half),
-               t=out["mean"] / (sd / math.sqrt(n)) if sd > 0 else math.inf)
+               # no spread: t is 0 for identical pairs, ±inf for a constant nonzero difference
+               t=out["mean"] / (sd / math.sqrt(n)) if sd > 0 else 0.0 if out["mean"] == 0 else
+               math.copysign(math.inf, out["mean"]))
     if n <= 16:   # exact: every assignment of signs to |d_r| under the null of no difference
         obs = abs(sum(diffs))
         hits = sum(abs(sum(s * abs(d) for s, d in zip(signs, diffs))) >= obs - 1e-12
@@ -136,7 +138,8 @@ def fmt_paired(st: dict) -> str:
     if st["n"] < 2:
         return f"{st['mean']:+.4f} (1 pair, no test)"
     p = f", p = {st['p_signflip']:.3f}" if "p_signflip" in st else ""
-    return f"{st['mean']:+.4f} [{st['ci'][0]:+.4f}, {st['ci'][1]:+.4f}], t = {st['t']:.2f}{p}"
+    same = " (every pair identical)" if st["sd"] == 0 and st["mean"] == 0 else ""
+    return f"{st['mean']:+.4f} [{st['ci'][0]:+.4f}, {st['ci'][1]:+.4f}], t = {st['t']:.2f}{p}{same}"
 
 
 def summarise(runs: list[dict]) -> str:
