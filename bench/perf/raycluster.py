@@ -65,12 +65,16 @@ class LocalRayCluster:
         return [f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
                 f"--runtime-env-agent-port={free_port()}", f"--metrics-export-port={free_port()}"]
 
-    def _start(self, args: list[str]) -> None:
+    def _launch(self, args: list[str]) -> subprocess.Popen:
         cmd = (["nice", "-n", "19"] if self.nice else []) + RAY + ["start", *args, "--disable-usage-stats",
                                                                  f"--temp-dir={self.temp_dir}", *self._ports()]
         proc = subprocess.Popen(cmd, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
         self.pgids.append(proc.pid)   # Ray's daemons stay in this process group
+        return proc
+
+    @staticmethod
+    def _finish(proc: subprocess.Popen) -> None:
         out, _ = proc.communicate(timeout=180)
         if proc.returncode != 0:
             raise RuntimeError(f"`ray start` failed ({proc.returncode}):\n{out[-3000:]}")
@@ -78,28 +82,35 @@ class LocalRayCluster:
     def start(self) -> "LocalRayCluster":
         t0 = time.monotonic()
         try:
-            self._start(["--head", "--node-ip-address=127.0.0.1", f"--port={self.port}",
-                         f"--num-cpus={self.head_cpus}", "--num-gpus=0", "--include-dashboard=false",
-                         f"--ray-client-server-port={free_port()}"])
+            self._finish(self._launch(["--head", "--node-ip-address=127.0.0.1", f"--port={self.port}",
+                                       f"--num-cpus={self.head_cpus}", "--num-gpus=0", "--include-dashboard=false",
+                                       f"--ray-client-server-port={free_port()}"]))
             gcs = f"127.0.0.1:{self.port}"
-            for _ in range(self.worker_nodes):
-                self._start([f"--address={gcs}", "--node-ip-address=127.0.0.1",
-                             f"--num-cpus={self.cpus_per_node}", f"--num-gpus={self.gpus_per_node}"])
+            # the worker nodes all at once, while the readiness wait runs
+            workers = [self._launch([f"--address={gcs}", "--node-ip-address=127.0.0.1",
+                                     f"--num-cpus={self.cpus_per_node}", f"--num-gpus={self.gpus_per_node}"])
+                       for _ in range(self.worker_nodes)]
             self.address = self._wait_for_nodes(gcs)
+            for proc in workers:
+                self._finish(proc)
         except BaseException:
             self.stop()
             raise
         self.start_seconds = time.monotonic() - t0
         return self
 
-    def _wait_for_nodes(self, gcs: str) -> str:
-        """Wait until every node is alive; the address as Ray reports it."""
-        code = ("import json, ray; ray.init(address=%r, logging_level='ERROR'); "
+    def _wait_for_nodes(self, gcs: str, timeout: float = 120.0) -> str:
+        """Wait until every node is alive (one process attaches once and polls the node table); the address
+        as Ray reports it."""
+        code = ("import json, sys, time, ray; ray.init(address=%r, logging_level='ERROR'); "
+                "end = time.monotonic() + %r\n"
+                "while sum(n['Alive'] for n in ray.nodes()) < %d and time.monotonic() < end: time.sleep(0.2)\n"
                 "print(json.dumps([n['NodeManagerAddress'] for n in ray.nodes() if n['Alive']])); "
-                "print(ray.get_runtime_context().gcs_address)") % gcs
-        deadline = time.monotonic() + 120
+                "print(ray.get_runtime_context().gcs_address)") % (gcs, timeout, self.worker_nodes + 1)
+        deadline = time.monotonic() + timeout
         while True:
-            p = subprocess.run([sys.executable, "-c", code], env=self.env, capture_output=True, text=True, timeout=120)
+            p = subprocess.run([sys.executable, "-c", code], env=self.env, capture_output=True, text=True,
+                               timeout=timeout + 60)
             lines = p.stdout.strip().splitlines()
             if p.returncode == 0 and len(lines) >= 2 and lines[-2].count('"') // 2 == self.worker_nodes + 1:
                 return lines[-1].strip()
@@ -108,8 +119,9 @@ class LocalRayCluster:
                                    f"{(p.stdout + p.stderr)[-2000:]}")
             time.sleep(1.0)
 
-    def stop(self) -> None:
-        for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+    def stop(self, grace: float = 10.0) -> None:
+        """SIGTERM to every process group, SIGKILL to what is left after `grace` seconds."""
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
             for pgid in self.pgids:
                 try:
                     os.killpg(pgid, sig)
