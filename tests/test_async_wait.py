@@ -100,3 +100,74 @@ def test_wait_any_returns_decisions_made_elsewhere_and_never_blocks_on_nothing(t
     finally:
         asyncrun.close_driver(eng)
         eng.close()
+
+
+_CRASHING_DRIVER = r'''
+import sys, time
+from mcp_server.loop import asyncrun
+from mcp_server.loop.engine import Engine
+
+class Hang:
+    """Takes runs and never finishes them (the driver is killed with -9 meanwhile)."""
+    kind, capacity = "local", 4
+    def __init__(self): self.h = []
+    def submit(self, spec): self.h.append(spec.run_id); return spec.run_id
+    def wait(self, handles=None, timeout=None): time.sleep(timeout or 0.1); return []
+    def cancel(self, handle): pass
+    def in_flight(self): return list(self.h)
+    def close(self): pass
+
+asyncrun.make_executor = lambda *a, **k: Hang()
+eng = Engine(sys.argv[1])
+sub = eng.submit_experiment("baseline")
+print("submitted", sub.experiment_id, flush=True)
+time.sleep(600)
+'''
+
+
+def test_a_dead_drivers_runs_are_left_to_the_next_driver_not_read_only_opens(tmp_path, small_corpus, instant):
+    """kill -9 of a driver with runs in flight: `loopwright status` (a read-only open) shows them in flight and
+    changes nothing; the next driver re-queues them and decides."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    ws = make_workspace(tmp_path / "ws", small_corpus, bench_dir=hobbled_bench(tmp_path / "bench"), **STEPS)
+    script = tmp_path / "driver.py"
+    script.write_text(_CRASHING_DRIVER)
+    proc = subprocess.Popen([sys.executable, str(script), str(ws.root)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("submitted"), line
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    with Engine(ws.root) as eng:      # an open (as every read-only command does) reconciles nothing
+        c = eng.campaign
+        runs = [r["run_id"] for r in eng.ledger.inflight(c["id"])]
+        assert len(runs) == 2 and all(eng.ledger.experiment(i)["status"] == "running" for i in runs)
+    out = subprocess.run([sys.executable, "-m", "mcp_server.cli", "status", "-w", str(ws.root)], cwd=REPO,
+                         capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+    assert out.returncode == 0, out.stderr
+    assert "in flight 2 run(s)" in out.stdout and "no driver running" in out.stdout, out.stdout
+    eng = Engine(ws.root)
+    try:
+        c = eng.campaign
+        assert [r["run_id"] for r in eng.ledger.inflight(c["id"])] == runs
+        assert all(eng.ledger.experiment(i)["status"] == "running" for i in runs)
+        assert eng.ledger.submissions(c["id"], open_only=True)
+        # the next driver: unfinished runs re-queued (once), then recorded and decided
+        res = eng.wait(None, timeout=30)
+        assert [r.experiment_id for r in res.results] == [runs[0]] and res.results[0].state == "decided", res
+        for i in runs:
+            old = eng.ledger.experiment(i)
+            assert old["status"] == "interrupted" and "re-queued as #" in old["reason"], old
+            new = eng.ledger.experiment(int(old["reason"].rsplit("#", 1)[1]))
+            assert new["status"] == "ok" and new["seed"] == old["seed"]
+        assert res.results[0].status == "ok" and eng.ledger.inflight() == []
+    finally:
+        asyncrun.close_driver(eng)
+        eng.close()

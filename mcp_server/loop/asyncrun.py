@@ -19,7 +19,9 @@ Rules:
 - A retest verdict queues the confirm pair itself (fresh seed: the best and the candidate).
 - A lost run (dead worker or node) is recorded as `lost` and re-queued once; lost twice discards it.
 - Driver restart: runs recorded in `inflight` whose outcome.json is in their run directory are recorded;
-  the others are marked interrupted and re-queued once (without a driver: left interrupted).
+  the others are marked interrupted and re-queued once. Only a driver (submit / wait / the server) does
+  this, at its first settle: opening the workspace (read-only commands, `loopwright status`) leaves them
+  in flight.
 - Autonomy other than `closed` is refused (a person's approval holds a synchronous cycle).
 """
 from __future__ import annotations
@@ -395,9 +397,9 @@ def record(eng: "Engine", drv: Optional[Driver], out: RunOutcome, interrupted: b
             eng.ledger.repoint_runs(row["id"], new_id)
             if row["role"] == "candidate":   # the new row stands for the experiment; the lost one hangs under it
                 eng.ledger.update_experiment(row["id"], confirm_of=new_id)
-                for sub in eng.ledger.submissions(c["id"], open_only=True):
-                    if sub["current_id"] == row["id"]:
-                        eng.ledger.set_submission(sub["id"], current_id=new_id)
+            for sub in eng.ledger.submissions(c["id"], open_only=True):
+                if sub["current_id"] == row["id"]:      # a candidate, or a baseline's first run
+                    eng.ledger.set_submission(sub["id"], current_id=new_id)
             _queue_row(eng, drv, c, new_id, attempt + 1)
         return
     ok = out.status == "ok"

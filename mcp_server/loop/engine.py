@@ -190,15 +190,10 @@ class Engine:
         if not running:
             return []
         inflight = {r["run_id"] for r in self.ledger.inflight()}
-        if inflight:   # asynchronous runs: their driver's; a dead driver's are reconciled here (no re-queue)
+        if inflight:   # asynchronous runs belong to a driver: a dead one's are left in flight for the next
+            # driver (loop/asyncrun.py reconcile: finished ones recorded, the others re-queued). Every open of
+            # the workspace -- `loopwright status` and other read-only commands included -- passes here.
             running = [r for r in running if r["id"] not in inflight]
-            if not asyncrun.driver_alive_elsewhere(self):
-                try:
-                    with self._exclusive():
-                        asyncrun.reconcile(self, None)
-                        asyncrun.settle(self, None)
-                except Busy:
-                    pass
             if not running:
                 return []
         try:
