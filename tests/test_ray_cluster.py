@@ -175,6 +175,8 @@ def test_campaign_on_ray_two_nodes_then_a_worker_dies(tmp_path, ws, cluster):
     assert out.state == "decided" and out.lost_runs, out
     lost = eng.ledger.experiment(out.lost_runs[0])
     assert lost["status"] == "lost" and "re-queued as #" in lost["reason"], lost
+    lost_on = json.loads(lost["metrics_json"])["worker"]
+    print(f"lost run recorded on worker {lost_on!r}; nodes {workers}")
     again = eng.ledger.experiment(int(lost["reason"].rsplit("#", 1)[1]))
     assert again["status"] == "ok" and again["seed"] == lost["seed"] and again["commit_sha"] == lost["commit_sha"]
     assert [e["payload"]["experiment_id"] for e in eng.ledger.events(c["id"], kind="run_lost")] == [lost["id"]]

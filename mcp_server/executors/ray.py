@@ -20,6 +20,7 @@ stdout; the stdio MCP server keeps fd 1 off the protocol channel (mcp/server.py 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import tempfile
 from pathlib import Path
@@ -176,11 +177,31 @@ class RayExecutor:
         except self._ray.exceptions.RayError as e:
             # WorkerCrashedError, NodeDiedError, ObjectLostError, TaskCancelledError...: nothing is known
             first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            named = re.search(r"Node ID: ([0-9a-f]{12})", str(e))      # some of Ray's errors say where
             return RunOutcome(handle, "lost", f"the Ray worker running it was lost ({type(e).__name__}: {first[:300]})",
-                              worker=f"ray:{self.address}")
+                              worker=f"ray:{named.group(1)}" if named else self._node_of(ref))
+
         if not isinstance(res, RunOutcome):
             return RunOutcome(handle, "lost", f"the Ray task returned {type(res).__name__}, not an outcome")
         return res
+
+    def _node_of(self, ref: Any) -> str:
+        """Where a lost task ran, named as a finished run names its worker ("ray:<node id>:<host>"): the task's
+        node from Ray's state API, its host from the node table; the cluster's address when Ray cannot say."""
+        try:
+            from ray.util.state import get_task
+
+            task = get_task(ref.task_id().hex(), timeout=5)
+            if isinstance(task, list):          # one entry per attempt
+                task = task[-1] if task else None
+            node = getattr(task, "node_id", None) or ""
+            if node:
+                host = next((n.get("NodeManagerHostname", "") for n in self._ray.nodes() if n.get("NodeID") == node),
+                            "")
+                return f"ray:{node[:12]}:{host}" if host else f"ray:{node[:12]}"
+        except Exception:  # noqa: BLE001 - the state API is optional (it needs the cluster's dashboard)
+            pass
+        return f"ray:{self.address}"
 
     def cancel(self, handle: int) -> None:
         ref = self._pending.pop(handle, None)
