@@ -74,6 +74,8 @@ def test_ledger_wal_and_migrations(tmp_path):
     raw.execute("DROP TABLE mechanism_trials")                       # undo migration 7 (mechanisms)
     raw.execute("DROP TABLE mechanisms")
     raw.execute("DROP TABLE approvals")                              # undo migration 8 (9 is a no-op here)
+    raw.execute("DROP TABLE submissions")                            # undo migrations 11 and 12 (async runs)
+    raw.execute("DROP TABLE inflight")
     raw.execute("PRAGMA user_version = 1")
     raw.commit()
     raw.close()
