@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from mcp_server.common.procs import group_alive
+
 RAY = [sys.executable, "-m", "ray.scripts.scripts"]
 
 
@@ -29,17 +31,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _group_alive(pgid: int) -> bool:
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if len(fields) > 2 and fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
-            return True
-    return False
 
 
 class LocalRayCluster:
@@ -128,9 +119,9 @@ class LocalRayCluster:
                 except (ProcessLookupError, PermissionError):
                     pass
             deadline = time.monotonic() + wait
-            while time.monotonic() < deadline and any(_group_alive(g) for g in self.pgids):
+            while time.monotonic() < deadline and any(group_alive(g) for g in self.pgids):
                 time.sleep(0.1)
-        left = [g for g in self.pgids if _group_alive(g)]
+        left = [g for g in self.pgids if group_alive(g)]
         self.pgids = []
         shutil.rmtree(self.temp_dir, ignore_errors=True)
         if left:

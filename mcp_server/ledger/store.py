@@ -221,20 +221,7 @@ def _widen_verdicts(c: sqlite3.Connection) -> None:
     new, n = re.subn(r"(CHECK\s*\(\s*verdict\s+IN\s*\()([^)]*)\)", r"\1\2,'pending_approval')", sql, count=1)
     if n != 1:
         raise LedgerError("cannot find the verdict CHECK constraint of the experiments table to widen")
-    new, n = re.subn(r"^CREATE TABLE\s+\"?experiments\"?", "CREATE TABLE experiments_new", new, count=1)
-    if n != 1:
-        raise LedgerError("unexpected definition of the experiments table")
-    indexes = [r[0] for r in c.execute("SELECT sql FROM sqlite_master WHERE type='index' AND tbl_name='experiments' "
-                                       "AND sql IS NOT NULL")]
-    before = c.execute("SELECT COUNT(*) FROM experiments").fetchone()[0]
-    c.execute(new)
-    c.execute("INSERT INTO experiments_new SELECT * FROM experiments")
-    c.execute("DROP TABLE experiments")
-    c.execute("ALTER TABLE experiments_new RENAME TO experiments")
-    for stmt in indexes:
-        c.execute(stmt)
-    if c.execute("SELECT COUNT(*) FROM experiments").fetchone()[0] != before:
-        raise LedgerError("rebuilding the experiments table lost rows; nothing was changed")
+    _rebuild_experiments(c, new)
 
 
 # 9: verdict 'pending_approval' (a keep that waits for a person under autonomy = approve-keeps)
