@@ -281,9 +281,9 @@ class _Scripted(Planner):
         super().__init__(seed, expert=())
         self.order = list(order)
 
-    def propose(self, source, category=None, preferred=()):
+    def propose(self, source, category=None, preferred=(), busy=()):
         first = [self.order.pop(0)] if self.order else []
-        return super().propose(source, category, first + list(preferred))
+        return super().propose(source, category, first + list(preferred), busy=busy)
 
 
 async def _agent_session(ws, planner, n, mechanisms=True, deadline=None):
