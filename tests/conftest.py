@@ -5,6 +5,7 @@ import os
 import re
 import shutil
 import sysconfig
+import time
 from pathlib import Path
 
 import pytest
@@ -85,6 +86,23 @@ def make_workspace(tmp: Path, corpus: Path, tag: str = "t", bench_dir: Path | No
     for section, values in overrides.items():
         cfg.setdefault(section, {}).update(values)
     return init_workspace(tmp, tag=tag, corpus=str(corpus), overrides=cfg, bench_dir=bench_dir)
+
+
+def record_baseline(eng, values=(2.00, 2.01), **fields) -> list[int]:
+    """Ledger rows for a measured baseline, one per seed of the campaign's current seed set, so the
+    next candidate pairs with them at once instead of first training the real baseline on each seed
+    (a verdict or an attack is then tested without a minute of training per test)."""
+    c = eng.campaign
+    index, seeds = eng.seed_set(c)
+    assert len(values) == len(seeds), f"{len(values)} baseline values for a seed set of {len(seeds)}"
+    ids = []
+    for i, (v, s) in enumerate(zip(values, seeds)):
+        e = eng.ledger.start_experiment(c["id"], f"baseline {i}", is_baseline=1, commit_sha=c["best_commit"],
+                                        parent_commit=c["best_commit"], seed=s, seed_set=index, role="baseline")
+        eng.ledger.update_experiment(e, status="ok", val_bpb=v, verdict="baseline", finished_at=time.time(),
+                                     **fields)
+        ids.append(e)
+    return ids
 
 
 def alive(pid: int) -> bool:

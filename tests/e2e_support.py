@@ -6,7 +6,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
@@ -14,7 +13,7 @@ REPO = TESTS.parent
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
-from conftest import hobbled_bench, make_workspace, set_constant  # noqa: E402
+from conftest import hobbled_bench, make_workspace, record_baseline, set_constant  # noqa: E402
 from realclients import harness as h  # noqa: E402
 
 BASELINE_BPB = 8.0   # a uniform byte model scores exactly 8 bits per byte
@@ -37,17 +36,14 @@ def fast_workspace(tmp: Path, corpus: Path, max_experiments: int = 2, **override
 
 
 def seed_baseline(root: Path, val_bpb: float = BASELINE_BPB) -> int:
-    """Record the pinned train.py's baseline as already measured (as in a resumed campaign), so a
-    client test trains only its own candidate. It counts as one experiment of the budget."""
-    from mcp_server.loop.workspace import Workspace
+    """Record the pinned train.py's baseline as already measured on the campaign's seed set (as in a
+    resumed campaign), so a client test trains only its own candidate. It counts as one experiment of
+    the budget per seed."""
+    from mcp_server.loop.engine import Engine
 
-    ws = Workspace.open(root)
-    with ws.ledger() as ledger:
-        c = ledger.conn.execute("SELECT * FROM campaigns ORDER BY id DESC LIMIT 1").fetchone()
-        eid = ledger.start_experiment(c["id"], "baseline (seed run 1/1)", commit_sha=c["pinned_commit"],
-                                      parent_commit=c["pinned_commit"], is_baseline=1, status="ok",
-                                      verdict="baseline", seed=0, val_bpb=val_bpb, finished_at=time.time())
-    return eid
+    with Engine(root, recover=False) as eng:
+        _, seeds = eng.seed_set(eng.campaign)
+        return record_baseline(eng, (val_bpb,) * len(seeds))[0]
 
 
 def experiments(root: Path) -> list[dict]:

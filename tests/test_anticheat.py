@@ -17,7 +17,7 @@ import pytest
 from mcp_server.loop import gitops, sandbox
 from mcp_server.loop.engine import Engine, LoopError
 
-from conftest import make_workspace
+from conftest import make_workspace, record_baseline
 
 HEADER = '''
 import os, sys, time
@@ -54,11 +54,7 @@ def ws(tmp_path, small_corpus):
 def _engine_with_baseline(ws) -> Engine:
     """A measured baseline in the ledger (honest values), so candidates can run at once."""
     eng = Engine(ws.root)
-    c = eng.campaign
-    for i, v in enumerate((7.9, 7.91)):
-        e = eng.ledger.start_experiment(c["id"], f"baseline {i}", is_baseline=1, commit_sha=c["best_commit"])
-        eng.ledger.update_experiment(e, status="ok", val_bpb=v, test_bpb=v, verdict="baseline",
-                                     finished_at=time.time())
+    record_baseline(eng, (7.9, 7.91))
     return eng
 
 

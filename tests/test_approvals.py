@@ -13,7 +13,7 @@ from mcp_server.loop import approvals, decisions, gitops
 from mcp_server.loop import settings as setmod
 from mcp_server.loop.engine import Engine
 
-from conftest import make_workspace, set_constant
+from conftest import make_workspace, record_baseline, set_constant
 
 
 def set_setting(ws_root, key: str, value: str) -> None:
@@ -30,14 +30,6 @@ def ws(tmp_path, small_corpus):
     return w
 
 
-def fake_baseline(eng: Engine, values=(2.00, 2.01)):
-    c = eng.campaign
-    for i, v in enumerate(values):
-        e = eng.ledger.start_experiment(c["id"], f"baseline {i}", is_baseline=1, commit_sha=c["best_commit"],
-                                        seed=1000 + i)
-        eng.ledger.update_experiment(e, status="ok", val_bpb=v, verdict="baseline", finished_at=time.time())
-
-
 def fake_candidate(eng: Engine, val: float, lr: str = "0.005", desc: str = "candidate") -> int:
     """A committed candidate with a recorded result, as run_experiment leaves it."""
     set_constant(eng.ws.root / "train.py", "LR", lr)
@@ -52,7 +44,7 @@ def fake_candidate(eng: Engine, val: float, lr: str = "0.005", desc: str = "cand
 def held_keep(ws, val=1.80, lr="0.005", desc="candidate"):
     with Engine(ws.root) as eng:
         if not eng.ledger.baseline_samples(eng.campaign["id"]):
-            fake_baseline(eng)
+            record_baseline(eng)
         best_before = eng.campaign["best_commit"]
         eid = fake_candidate(eng, val, lr, desc)
         res = eng.score(eid)

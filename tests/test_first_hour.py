@@ -18,7 +18,7 @@ from mcp_server.notify.jira import JiraSink
 from mcp_server.notify.outbox import deliver_pending
 from mcp_server.notify.slack import SlackSink
 
-from conftest import make_workspace, set_constant
+from conftest import make_workspace, record_baseline, set_constant
 from fakes.fake_jira import FakeJira
 from fakes.fake_slack import FakeSlack
 
@@ -31,13 +31,6 @@ def eng(tmp_path, small_corpus):
     e.ledger.close()
 
 
-def _baseline(eng: Engine, values=(2.00, 2.02)):
-    c = eng.campaign
-    for i, v in enumerate(values):
-        e = eng.ledger.start_experiment(c["id"], f"baseline {i}", is_baseline=1, commit_sha=c["best_commit"])
-        eng.ledger.update_experiment(e, status="ok", val_bpb=v, verdict="baseline", finished_at=time.time())
-
-
 def _finish(eng: Engine, status: str, **fields) -> dict:
     c = eng.campaign
     e = eng.ledger.start_experiment(c["id"], f"try {status}", commit_sha=c["best_commit"])
@@ -47,7 +40,7 @@ def _finish(eng: Engine, status: str, **fields) -> dict:
 
 
 def test_crash_alert_once_per_streak_with_the_real_count(eng):
-    _baseline(eng)
+    record_baseline(eng)
     c = eng.campaign
     for i in range(5):                                   # 5 crashes in a row: one alert, at the 3rd
         eng._after_failure(c, _finish(eng, "crash", reason=f"OOM {i}"), None)
@@ -61,7 +54,7 @@ def test_crash_alert_once_per_streak_with_the_real_count(eng):
 
 
 def test_alert_counts_the_whole_streak_when_the_threshold_is_reached_late(eng):
-    _baseline(eng)
+    record_baseline(eng)
     c = eng.campaign
     for i in range(4):                                   # crashes recorded before the engine judged them
         _finish(eng, "crash")
@@ -71,7 +64,7 @@ def test_alert_counts_the_whole_streak_when_the_threshold_is_reached_late(eng):
 
 
 def test_budget_end_records_campaign_end_and_jira_closes_with_the_real_baseline(eng):
-    _baseline(eng, (2.00, 2.02))
+    record_baseline(eng, (2.00, 2.02))
     c = eng.campaign
     for _ in range(3):
         _finish(eng, "crash")
@@ -102,7 +95,7 @@ def test_budget_end_records_campaign_end_and_jira_closes_with_the_real_baseline(
 
 
 def test_comment_only_change_is_refused_as_such(eng):
-    _baseline(eng)
+    record_baseline(eng)
     train = eng.ws.root / "train.py"
     src = train.read_text()
     import re

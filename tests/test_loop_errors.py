@@ -18,20 +18,12 @@ from mcp_server.loop.engine import Engine
 from mcp_server.mcp.server import build_server
 
 from conftest import alive as _alive
-from conftest import make_workspace, set_constant
+from conftest import make_workspace, record_baseline, set_constant
 
 
 @pytest.fixture()
 def ws(tmp_path, small_corpus):
     return make_workspace(tmp_path / "ws", small_corpus)
-
-
-def _fake_baseline(eng: Engine, values=(2.00, 2.01)):
-    """Ledger rows for a measured baseline, so verdict plumbing is tested without training."""
-    c = eng.campaign
-    for i, v in enumerate(values):
-        e = eng.ledger.start_experiment(c["id"], f"baseline {i}", is_baseline=1, commit_sha=c["best_commit"])
-        eng.ledger.update_experiment(e, status="ok", val_bpb=v, verdict="baseline", finished_at=time.time())
 
 
 def _fake_candidate(eng: Engine, val: float, lr: str = "0.005") -> int:
@@ -51,7 +43,7 @@ async def _err(client, name, args):
 
 async def test_unknown_ids_wrong_types_and_score_twice(ws):
     eng = Engine(ws.root)
-    _fake_baseline(eng)
+    record_baseline(eng)
     good = _fake_candidate(eng, 1.90)
     async with Client(build_server(ws.root)) as client:
         assert "does not exist" in await _err(client, "score", {"experiment_id": 999})
@@ -138,7 +130,7 @@ async def test_missing_data_is_refused_and_rebuilt(ws):
 
 async def test_edits_outside_train_py_are_refused_by_name(ws):
     eng = Engine(ws.root)
-    _fake_baseline(eng)
+    record_baseline(eng)
     set_constant(ws.root / "train.py", "LR", "0.005")
     (ws.root / "helper.py").write_text("X = 1\n")
     with pytest.raises(Exception, match="helper.py"):
@@ -149,7 +141,7 @@ async def test_edits_outside_train_py_are_refused_by_name(ws):
 
 async def test_seed_only_and_exact_repeat_are_refused(ws):
     eng = Engine(ws.root)
-    _fake_baseline(eng)
+    record_baseline(eng)
     src = (ws.root / "train.py").read_text()
     (ws.root / "train.py").write_text(src + "\ntorch.manual_seed(1234)\n")
     with pytest.raises(Exception, match="only touches the random seed"):

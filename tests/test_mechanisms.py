@@ -15,7 +15,7 @@ from mcp_server.mechanisms.plateau import Plateau
 from mcp_server.mechanisms.source import DENY_RE, all_constants, category_of, constant_values, skeleton, tunable_constants
 from mcp_server.mechanisms.tabu import Tabu
 
-from conftest import BENCH, make_workspace, set_constant
+from conftest import BENCH, make_workspace, record_baseline, set_constant
 
 # The bundled train.py with the constants these tests were written against, so retuning the
 # benchmark's defaults does not change what the synthetic ledgers mean.
@@ -241,13 +241,6 @@ def test_mechanisms_are_deterministic_and_combine_by_priority():
 
 # -- on a live workspace: the tool and the engine hook -------------------------------
 
-def _fake_baseline(eng, values=(2.00, 2.01)):
-    c = eng.campaign
-    for i, v in enumerate(values):
-        e = eng.ledger.start_experiment(c["id"], f"baseline {i}", is_baseline=1, commit_sha=c["best_commit"])
-        eng.ledger.update_experiment(e, status="ok", val_bpb=v, verdict="baseline", finished_at=time.time())
-
-
 def _fake_discarded(eng, name: str, value: str) -> int:
     """A candidate as the engine records it: committed, measured, discarded, tree back at best."""
     from mcp_server.loop import gitops
@@ -281,7 +274,7 @@ async def test_suggest_next_tool_and_near_repeat_hook(tmp_path: Path, small_corp
 
     ws = make_workspace(tmp_path / "ws", small_corpus, bench_dir=_bench(tmp_path))
     eng = Engine(ws.root)
-    _fake_baseline(eng)
+    record_baseline(eng)
     tried = _fake_discarded(eng, "LR", "0.008")
     async with Client(build_server(ws.root)) as client:
         tools = {t.name: t for t in (await client.list_tools()).tools}
@@ -318,7 +311,7 @@ def test_parsed_versions_are_cached_on_disk(tmp_path: Path, small_corpus):
 
     ws = make_workspace(tmp_path / "ws", small_corpus, bench_dir=_bench(tmp_path))
     with Engine(ws.root) as eng:
-        _fake_baseline(eng)
+        record_baseline(eng)
         _fake_discarded(eng, "LR", "0.008")
         _fake_discarded(eng, "DEPTH", "6")
         fresh = history_from_engine(eng)
