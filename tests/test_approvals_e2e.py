@@ -55,6 +55,8 @@ def test_claude_code_keep_waits_the_agent_continues_and_the_cli_approves(tmp_pat
         res = req.last_tool_results()[0]
         assert not res.is_error, res.text
         seen["score"] = json.loads(res.text)
+        # Claude Code notices the loop's revert of train.py on its own and tells the model with this turn
+        seen["noticed"] = req.user_texts_after_last_assistant()
         return ToolUse("Read", {"file_path": str(train)})       # the agent goes on: what is train.py now?
 
     def after_read(req):
@@ -88,7 +90,13 @@ def test_claude_code_keep_waits_the_agent_continues_and_the_cli_approves(tmp_pat
     assert seen["run"]["status"] == "ok", seen["run"]
     assert seen["score"]["verdict"] == "pending_approval", seen["score"]
     assert "approval #1" in seen["score"]["next_step"] and "current best" in seen["score"]["next_step"]
-    assert OLD_LR in seen["read"] and NEW_LR not in seen["read"]          # it works on from the best
+    # it works on from the best: the file is back at it, and the agent is told so (by Claude Code's note of
+    # the change when it noticed the revert -- then its Read is deduplicated -- or by the Read itself)
+    assert OLD_LR in train.read_text() and NEW_LR not in train.read_text()
+    if "unchanged since your last Read" in seen["read"]:
+        assert "train.py was modified" in seen["noticed"] and OLD_LR in seen["noticed"], seen["noticed"][:500]
+    else:
+        assert OLD_LR in seen["read"] and NEW_LR not in seen["read"], seen["read"][:500]
     cand = experiments(root)[-1]
     assert cand["verdict"] == "pending_approval" and NEW_LR in git(root, "show", f"{cand['commit_sha']}:train.py")
     with Engine(root, recover=False) as eng:
