@@ -4,6 +4,7 @@ from __future__ import annotations
 import ast
 import difflib
 import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -339,6 +340,54 @@ async def test_agent_keeps_confirms_notes_and_stops(tmp_path, small_corpus, monk
         assert eng.summary().pending_score == [] and eng.summary().pending_retest == []
         best_src = (ws.root / "train.py").read_text()
         assert constant_values(best_src)["LR"] == 0.016   # the file on disk is the best version
+
+
+async def test_a_confirm_that_would_overrun_the_deadline_is_left_for_the_next_session(tmp_path, small_corpus,
+                                                                                     monkeypatch):
+    """The demo's six minutes: a candidate that needs confirm runs when the deadline is near is not
+    confirmed past it (a demo once ran 422 s of its 360); it stays a retest, the session says why it
+    stopped, and the next session confirms it before anything else."""
+    import time as _time
+
+    from mcp import Client
+
+    from mcp_server.agents.builtin import BuiltinAgent
+    from mcp_server.loop.engine import Engine
+    from mcp_server.mcp.server import build_server
+
+    _fake_runs(monkeypatch, _objective)
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    for name in ("prepare.py", "program.md"):
+        (bench / name).write_bytes((BENCH / name).read_bytes())
+    (bench / "train.py").write_text(TRAIN)
+    ws = make_workspace(tmp_path / "ws", small_corpus, bench_dir=bench, noise={"sigma_prior": 0.001})
+    events = []
+    async with Client(build_server(ws.root)) as client:
+        agent = None
+
+        def observe(kind, d):
+            events.append((kind, d))
+            if kind == "experiment_start" and d.get("number") == 1:   # the deadline comes while it runs
+                agent.deadline = _time.monotonic() + 0.5 * statistics.median(agent.durations)
+
+        agent = BuiltinAgent(client, ws.root / "train.py", _Scripted(["QK_NORM"]), False, observe)
+        reason = await agent.run(5, _time.monotonic() + 3600)
+    assert reason.startswith("session time budget: confirming #") and "next session confirms it" in reason
+    [att] = agent.attempts
+    assert att.description == "QK_NORM False -> True" and att.verdict == "retest"
+    assert [k for k, _ in events].count("deferred") == 1
+    assert not [d for k, d in events if k == "experiment_start" and d.get("category") == "confirm"]
+    with Engine(ws.root, recover=False) as eng:
+        assert eng.ledger.experiment(att.experiment_id)["verdict"] == "retest"
+        assert not [r for r in eng.ledger.confirm_runs(att.experiment_id) if r["role"] == "confirm"]
+    # the next session (no deadline) settles it first: confirm runs, then a final verdict
+    a2, _, ev2 = await _agent_session(ws, _Scripted(["LR"]), n=1, mechanisms=False)
+    first = next(d for k, d in ev2 if k == "experiment_start")
+    assert first["description"] == f"confirm #{att.experiment_id}"
+    with Engine(ws.root, recover=False) as eng:
+        assert eng.ledger.experiment(att.experiment_id)["verdict"] == "discard"
+        assert [r for r in eng.ledger.confirm_runs(att.experiment_id) if r["role"] == "confirm"]
 
 
 async def test_agent_records_crashes_and_resumes(tmp_path, small_corpus, monkeypatch):

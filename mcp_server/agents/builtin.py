@@ -471,6 +471,7 @@ class BuiltinAgent:
         self.asynchronous = asynchronous or parallel > 1
         self.attempts: list[Attempt] = []
         self.durations: list[float] = []
+        self.deadline: Optional[float] = None   # monotonic; a confirm that would end after it is left pending
         self.flights: dict[int, _Flight] = {}
 
     def emit(self, event: str, /, **data: Any) -> None:
@@ -496,6 +497,7 @@ class BuiltinAgent:
     # -- the session ------------------------------------------------------------
     async def run(self, n: Optional[int] = None, deadline: Optional[float] = None) -> str:
         """Run up to n experiments (None: until the budget says stop) before `deadline` (monotonic)."""
+        self.deadline = deadline
         if self.asynchronous:
             return await self._run_parallel(n, deadline)
         state = await self.call("state_read", {"view": "summary"})
@@ -539,6 +541,9 @@ class BuiltinAgent:
                 await self._experiment(edit, done + 1)
                 errors = 0
                 last = self.attempts[-1] if self.attempts else None
+                if last is not None and last.verdict == "retest":
+                    return self._stop(f"session time budget: confirming #{last.experiment_id} would not finish "
+                                      "in time; the next session confirms it first")
                 if last is not None and last.status == "pending_approval":   # autonomy approve-runs
                     return self._stop("the change waits for a person's approval before it runs")
             except ToolFailed as e:
@@ -768,8 +773,18 @@ class BuiltinAgent:
             self.emit("verdict", score=sc)
             if sc["verdict"] != "retest":
                 return sc["verdict"]
+            if self._confirm_would_overrun():
+                self.emit("deferred", experiment_id=eid, reason="the confirm runs would not finish in time")
+                return "retest"   # left pending: the next session settles it before anything else
             if not await self._confirm(eid):
                 return "discard"   # a failed confirm run discards the candidate (the engine did so)
+
+    def _confirm_would_overrun(self) -> bool:
+        """A confirm runs the candidate and the best on a fresh seed: about what a candidate's pair costs,
+        estimated as the recent experiments' median duration."""
+        if self.deadline is None or not self.durations:
+            return False
+        return time.monotonic() + statistics.median(self.durations[-5:]) > self.deadline
 
     async def _confirm(self, eid: int) -> bool:
         self.emit("experiment_start", number=None, description=f"confirm #{eid}", category="confirm")

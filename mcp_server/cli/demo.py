@@ -124,6 +124,9 @@ class ProgressState:
             warn = f" [{a.warnings[0][:80]}]" if a.warnings else ""
             return (f"  {a.description}: {a.status}, val_bpb {_num(a.val_bpb)}, {row.verdict if row else a.verdict} "
                     f"in {a.seconds:.0f} s{warn}")
+        if kind == "deferred":
+            self.messages.append(f"#{d['experiment_id']} needs confirm runs: left for the next session")
+            return f"  #{d['experiment_id']}: {d['reason']}; left as a retest for the next session"
         if kind == "skip":
             self.messages.append(f"skipped {d['description']}: {d['reason'][:90]}")
             return f"  skipped {d['description']}: {d['reason'][:120]}"
