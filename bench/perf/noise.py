@@ -58,7 +58,28 @@ def summary(stdout: str) -> dict:
     return out
 
 
-def run(ws: Path, train: str, seed: int, tag: str) -> dict:
+def evaluate(ws: Path, model: Path, env: dict, eval_tokens: int | None = None) -> dict:
+    """The frozen evaluator on `model`; with eval_tokens, on that many tokens instead of the workspace's."""
+    toml = ws / "loopwright.toml"
+    saved = toml.read_text() if toml.is_file() else None
+    if eval_tokens is not None:
+        kept = [ln for ln in (saved or "[benchmark]\n").splitlines() if not ln.startswith("eval_tokens")]
+        toml.write_text("\n".join(kept) + f"\neval_tokens = {eval_tokens}\n")   # [benchmark] is the only table
+    try:
+        ev = subprocess.run([sys.executable, "-I", str(ws / "prepare.py"), "evaluate", str(model)], cwd=ws,
+                            capture_output=True, text=True, env=env)
+    finally:
+        if eval_tokens is not None:
+            toml.write_text(saved) if saved is not None else toml.unlink()
+    res = json.loads(ev.stdout.strip().splitlines()[-1])
+    if not res.get("ok"):
+        raise SystemExit(f"evaluation of {model.name} failed: {res}")
+    return res
+
+
+def run(ws: Path, train: str, seed: int, tag: str, also_eval: tuple[int, ...] = ()) -> dict:
+    """Train `train` on `seed` and score it; `also_eval`: score the same model on these eval sizes too
+    (val_bpb_at_N), which separates the evaluator's sampling noise from the training's."""
     model = ws / f"{tag}-{seed}.pt2"
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPWRIGHT_")}
     env.update(LOOPWRIGHT_SEED=str(seed), LOOPWRIGHT_EXPORT_PATH=str(model))
@@ -68,15 +89,12 @@ def run(ws: Path, train: str, seed: int, tag: str) -> dict:
     if proc.returncode != 0:
         raise SystemExit(f"{train} seed {seed} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
     s = summary(proc.stdout)
-    ev = subprocess.run([sys.executable, "-I", str(ws / "prepare.py"), "evaluate", str(model)], cwd=ws,
-                        capture_output=True, text=True, env=env)
-    res = json.loads(ev.stdout.strip().splitlines()[-1])
-    if not res.get("ok"):
-        raise SystemExit(f"evaluation of {tag} seed {seed} failed: {res}")
+    res = evaluate(ws, model, env)
+    extra = {f"val_bpb_at_{n}": evaluate(ws, model, env, n)["val_bpb"] for n in also_eval}
     model.unlink()
     return {"tag": tag, "seed": seed, "val_bpb": res["val_bpb"], "val_se": res["val_se"],
             "steps": int(s["num_steps"]), "clock": s.get("clock"), "cpu_seconds": float(s.get("cpu_seconds", "nan")),
-            "train_wall": round(wall, 1), "eval_seconds": res["eval_seconds"]}
+            "train_wall": round(wall, 1), "eval_seconds": res["eval_seconds"], **extra}
 
 
 def main(argv=None) -> int:

@@ -49,6 +49,9 @@ def main(argv=None) -> int:
     p.add_argument("--budget", type=float, default=30.0, help="[benchmark] time_budget (the demo's: 30)")
     p.add_argument("--clock", default=None)
     p.add_argument("--eval-tokens", type=int, default=8192, help="[benchmark] eval_tokens (the demo's: 8192)")
+    p.add_argument("--also-eval", type=int, nargs="*", default=[], metavar="TOKENS",
+                   help="score every model on these eval sizes too: d per size shows how much of sigma_d is "
+                        "the evaluator's sampling error")
     p.add_argument("--out", type=Path, default=None, help="also write every run as JSON lines here")
     args = p.parse_args(argv)
 
@@ -76,7 +79,7 @@ def main(argv=None) -> int:
         out = args.out.open("a") if args.out else None
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             for tag, train in files.items():
-                r = run(ws, train, seed, tag)
+                r = run(ws, train, seed, tag, tuple(args.also_eval))
                 rows.append(r)
                 print(json.dumps(r), flush=True)
                 if out:
@@ -86,6 +89,10 @@ def main(argv=None) -> int:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     report(rows, args.variants, elapsed, load0, os.getloadavg())
+    for n in args.also_eval:
+        print(f"\n## the same models scored on {n} eval tokens")
+        report([{**r, "val_bpb": r[f"val_bpb_at_{n}"]} for r in rows], args.variants, elapsed, load0,
+               os.getloadavg())
     return 0
 
 
