@@ -120,7 +120,11 @@ class NoiseConfig(_Section):
                                description="gains in [(1-band)*threshold, threshold) get a retest verdict")
     max_confirms: int = Field(default=2, ge=1, le=10)
     # paired verdicts (mcp_server/loop/verdict.py)
-    sigma_prior: float = Field(default=0.02, ge=0, description="prior SD of a paired difference (bits/byte)")
+    # Measured on the bundled benchmark at the demo's cost (100 steps; BENCHMARKS.md "What a pair's noise
+    # is"): 0.06 for the one-constant changes an agent tries. A gentle late-schedule change had shown
+    # 0.008-0.019, and a prior that low kept about one null change in five before the campaign's own
+    # pairs took over; too high costs power only until they do.
+    sigma_prior: float = Field(default=0.06, ge=0, description="prior SD of a paired difference (bits/byte)")
     prior_pairs: float = Field(default=3.0, ge=0, description="how many pairs' worth of evidence the prior is")
     rotate_every: int = Field(default=6, ge=0, description="candidates per seed set before a fresh one (0 = never)")
     early_stop: bool = Field(default=True, description="stop after the first pair when it is clearly worse")
