@@ -57,11 +57,12 @@ def small_corpus(tmp_path_factory) -> Path:
     return make_small_corpus(tmp_path_factory.mktemp("corpus"))
 
 
-def hobbled_bench(dest: Path, lr: str = "0.0002", max_steps: int = 24) -> Path:
+def hobbled_bench(dest: Path, lr: str = "0.0002", max_steps: int = 24, tiny: bool = False) -> Path:
     """The bundled benchmark with a deliberately low learning rate, so a known fix is a real gain.
 
     Training is bounded by a step count (MAX_STEPS) well inside the time budget, so the outcome does
-    not depend on how busy the machine is."""
+    not depend on how busy the machine is. tiny: two blocks of width 64 (a step costs ~1/8), for tests
+    of the loop's flow that only need the LR fix to be a clear gain."""
     dest.mkdir(parents=True, exist_ok=True)
     for name in ("prepare.py", "program.md"):
         shutil.copyfile(BENCH / name, dest / name)
@@ -71,6 +72,9 @@ def hobbled_bench(dest: Path, lr: str = "0.0002", max_steps: int = 24) -> Path:
     (dest / "train.py").write_text(src)
     set_constant(dest / "train.py", "MAX_STEPS", str(max_steps))
     set_constant(dest / "train.py", "BATCH_SIZE", "8")
+    if tiny:
+        set_constant(dest / "train.py", "DEPTH", "2")
+        set_constant(dest / "train.py", "D_MODEL", "64")
     return dest
 
 

@@ -130,7 +130,7 @@ def run_async_campaign(ws_root, good_lr="0.004"):
 
 @pytest.mark.slow
 def test_local_async_campaign_two_in_flight(tmp_path, small_corpus):
-    ws = make_workspace(tmp_path / "ws", small_corpus, bench_dir=hobbled_bench(tmp_path / "bench"), **STEPS)
+    ws = make_workspace(tmp_path / "ws", small_corpus, bench_dir=hobbled_bench(tmp_path / "bench", tiny=True), **STEPS)
     configure(ws.root, **{"executor.parallel": "2"})
     eng, r = run_async_campaign(ws.root)
     assert r["base"].state == "decided" and r["base"].status == "ok"

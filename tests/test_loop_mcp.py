@@ -89,19 +89,19 @@ async def _full_cycle(client, ws, progress_log):
     assert res.is_error and "budget is spent" in res.content[0].text
 
 
-async def test_full_cycle_in_process(tmp_path, small_corpus):
-    ws = make_workspace(tmp_path / "ws", small_corpus, bench_dir=hobbled_bench(tmp_path / "bench"))
+async def test_tools_and_their_annotations_in_process(tmp_path, small_corpus):
+    # the full cycle runs over real stdio below; the in-process agent tests (test_proposer) drive the rest
+    ws = make_workspace(tmp_path / "ws", small_corpus, bench_dir=hobbled_bench(tmp_path / "bench", tiny=True))
     async with Client(build_server(ws.root)) as client:
         tools = {t.name: t for t in (await client.list_tools()).tools}
         assert {"run_experiment", "score", "revert", "budget_check", "state_read", "note"} <= set(tools)
         assert tools["state_read"].annotations.read_only_hint is True
         assert tools["run_experiment"].annotations.read_only_hint is False
         assert tools["run_experiment"].output_schema is not None
-        await _full_cycle(client, ws, [])
 
 
 async def test_full_cycle_over_stdio(tmp_path, small_corpus):
-    ws = make_workspace(tmp_path / "ws", small_corpus, bench_dir=hobbled_bench(tmp_path / "bench"))
+    ws = make_workspace(tmp_path / "ws", small_corpus, bench_dir=hobbled_bench(tmp_path / "bench", tiny=True))
     # the SDK's default environment for a server drops LOOPWRIGHT_HOME (where this test's state lives)
     params = StdioServerParameters(command=sys.executable,
                                    args=["-m", "mcp_server.cli", "serve", "--workspace", str(ws.root)],
@@ -135,7 +135,7 @@ m.serve(sys.argv[1])
 
 
 async def test_stdout_noise_never_reaches_the_protocol_stream(tmp_path, small_corpus):
-    ws = make_workspace(tmp_path / "ws", small_corpus, bench_dir=hobbled_bench(tmp_path / "bench"))
+    ws = make_workspace(tmp_path / "ws", small_corpus, bench_dir=hobbled_bench(tmp_path / "bench", tiny=True))
     script = tmp_path / "noisy_server.py"
     script.write_text(_NOISY_SERVER)
     params = StdioServerParameters(command=sys.executable, args=[str(script), str(ws.root), str(tmp_path / "stderr.log")],

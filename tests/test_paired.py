@@ -129,7 +129,7 @@ def test_leaving_out_large_means_does_not_bias_sigma_for_a_noisy_benchmark():
 def test_campaign_runs_candidates_on_the_references_seeds(tmp_path, small_corpus):
     from mcp_server.loop.engine import Engine
 
-    bench = hobbled_bench(tmp_path / "bench", lr="0.0002", max_steps=12)
+    bench = hobbled_bench(tmp_path / "bench", lr="0.0002", max_steps=12, tiny=True)
     ws = make_workspace(tmp_path / "ws", small_corpus, bench_dir=bench,
                         noise={"baseline_seeds": 2, "rotate_every": 0})
     train = ws.root / "train.py"

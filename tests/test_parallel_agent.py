@@ -108,7 +108,7 @@ def test_parallel_session_status_and_report(tmp_path, small_corpus):
     from mcp_server.loop.engine import Engine
     from mcp_server.loop.status import executor_view
 
-    ws = make_workspace(tmp_path / "ws", small_corpus, bench_dir=hobbled_bench(tmp_path / "bench"),
+    ws = make_workspace(tmp_path / "ws", small_corpus, bench_dir=hobbled_bench(tmp_path / "bench", tiny=True),
                         executor={"parallel": 2}, noise={"baseline_seeds": 1}, **STEPS)
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "mcp_server.cli", "run", "--agent", "builtin", "-n", "2",

@@ -179,7 +179,7 @@ def test_run_builtin_over_stdio(tmp_path: Path, small_corpus):
     """`loopwright run --agent builtin -n 2`: a real server subprocess, real training, the ledger filled in."""
     from mcp_server.loop.engine import Engine
 
-    ws = make_workspace(tmp_path / "ws", small_corpus, bench_dir=hobbled_bench(tmp_path / "bench"))
+    ws = make_workspace(tmp_path / "ws", small_corpus, bench_dir=hobbled_bench(tmp_path / "bench", tiny=True))
     proc = subprocess.run([sys.executable, "-m", "mcp_server.cli", "run", "--agent", "builtin", "-n", "2",
                            "--seed", "1", "--workspace", str(ws.root)], cwd=REPO, capture_output=True, text=True,
                           timeout=900)
