@@ -33,6 +33,37 @@ def test_config_round_trip_and_frozen_hash_ignores_operational_sections():
     assert changed_bench.frozen_hash() != cfg.frozen_hash()
 
 
+def test_a_lock_written_before_later_frozen_fields_existed_still_matches_after_an_upgrade():
+    """An older loopwright hashed the frozen sections without the fields added since (LATE_FROZEN_FIELDS),
+    and its pinned loopwright.toml does not name them: at their defaults they are not tampering. A field
+    the workspace's toml sets away from its default means it was made when the field existed."""
+    import hashlib
+    import json
+
+    from mcp_server.loop.config import LATE_FROZEN_FIELDS
+
+    def old_hash(cfg, missing):
+        data = {name: getattr(cfg, name).model_dump(mode="json") for name in FROZEN_SECTIONS}
+        for section, name in missing:
+            del data[section][name]
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+    full = dump_config(LoopwrightConfig())
+    for k in range(len(LATE_FROZEN_FIELDS) + 1):
+        missing = LATE_FROZEN_FIELDS[k:]
+        # the toml of that older version: the fields it did not know are absent
+        text = "\n".join(ln for ln in full.splitlines()
+                         if not any(ln.startswith(f"{name} =") for _, name in missing))
+        cfg = parse_config(text)
+        assert old_hash(cfg, missing) in cfg.frozen_hashes(), missing
+    # the newest field set away from its default: no older lock can match, and a changed value never does
+    cfg = parse_config(full.replace("large_effect_sigmas = 5.0", "large_effect_sigmas = 3.0"))
+    assert cfg.frozen_hashes() == {cfg.frozen_hash()}
+    assert LoopwrightConfig().frozen_hash() not in cfg.frozen_hashes()
+    changed = parse_config(full.replace("time_budget = 30.0", "time_budget = 31.0"))
+    assert not LoopwrightConfig().frozen_hashes() & changed.frozen_hashes()
+
+
 @pytest.mark.parametrize("text, needle", [
     ("[benchmark]\ntime_budget = -1\n", "benchmark.time_budget"),
     ("[benchmark]\ntime_buget = 3\n", "benchmark.time_buget: unknown key"),

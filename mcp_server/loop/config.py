@@ -18,7 +18,7 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Literal, Optional, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -29,6 +29,13 @@ else:  # pragma: no cover
 
 CONFIG_NAME = "loopwright.toml"
 FROZEN_SECTIONS = ("benchmark", "paths", "noise")
+# Fields of the frozen sections added after the first release, in the order they were added (append only).
+# A workspace made before one existed has a lock whose hash never saw it (and a pinned loopwright.toml
+# without it): at its default, the integrity check must not call that tampering after an upgrade.
+LATE_FROZEN_FIELDS: tuple[tuple[str, str], ...] = (
+    ("noise", "sigma_prior"), ("noise", "prior_pairs"), ("noise", "rotate_every"), ("noise", "early_stop"),
+    ("benchmark", "clock"), ("benchmark", "budget_tokens"), ("noise", "large_effect_sigmas"),
+)
 OPERATIONAL_SECTIONS = ("campaign", "budget", "schedule", "slack", "jira", "webhook", "executor")
 
 
@@ -237,10 +244,26 @@ class LoopwrightConfig(_Section):
     webhook: WebhookConfig = Field(default_factory=WebhookConfig)
     executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
 
-    def frozen_hash(self) -> str:
-        """SHA-256 of the score-deciding sections, canonical JSON (whitespace/comments don't matter)."""
+    def frozen_hash(self, leave_out: Sequence[tuple[str, str]] = ()) -> str:
+        """SHA-256 of the score-deciding sections, canonical JSON (whitespace/comments don't matter);
+        leave_out: (section, field) pairs not hashed."""
         data = {name: getattr(self, name).model_dump(mode="json") for name in FROZEN_SECTIONS}
+        for section, name in leave_out:
+            data[section].pop(name, None)
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+    def frozen_hashes(self) -> set[str]:
+        """The hashes a lock may hold for this configuration: today's, and the one an older loopwright wrote
+        before the last k LATE_FROZEN_FIELDS existed -- only while every one of those is at its default."""
+        out = {self.frozen_hash()}
+        for k in range(len(LATE_FROZEN_FIELDS) - 1, -1, -1):
+            late = LATE_FROZEN_FIELDS[k:]
+            section, name = late[0]
+            sect = getattr(self, section)
+            if getattr(sect, name) != type(sect).model_fields[name].get_default(call_default_factory=True):
+                break   # set by the workspace's own toml: it was made when this field existed
+            out.add(self.frozen_hash(late))
+        return out
 
 
 def _format_error(path: Path, err: ValidationError) -> str:

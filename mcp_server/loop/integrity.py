@@ -107,7 +107,7 @@ def _check(ws: Workspace, pinned: str) -> list[Mismatch]:
     lock = pinned_lock(ws, pinned)
     try:
         current = cfgmod.load_config(ws.root)
-        if current.frozen_hash() != lock["config_frozen"]:
+        if lock["config_frozen"] not in current.frozen_hashes():
             out.append(Mismatch(cfgmod.CONFIG_NAME, "config",
                                 "the frozen sections [benchmark] [paths] [noise] changed"))
     except cfgmod.ConfigError as e:
