@@ -271,3 +271,23 @@ def test_ablation_pairs_campaigns_by_repeat_and_formats_the_test():
     st = ab.paired_stats([0.0] * 8)
     assert st["t"] == 0.0 and st["p_signflip"] == 1.0 and "every pair identical" in ab.fmt_paired(st)
     assert ab.paired_stats([-0.01] * 3)["t"] == -math.inf
+
+
+def test_demo_seed_picks_the_campaigns_training_seeds(tmp_path, small_corpus):
+    """`loopwright demo --seed S`: the campaign's seeds start at 1001 + 1000*S, so five demos are five draws
+    of the seed noise, not five replicates on seeds 1001 and 1002; fresh seed sets continue after them."""
+    from mcp_server.cli.demo import demo_overrides
+    from mcp_server.loop.engine import Engine
+
+    assert demo_overrides(8)["noise"]["first_seed"] == 1001            # --seed 0: the default campaign seeds
+    noise = demo_overrides(8, seed=2)["noise"]
+    assert noise["first_seed"] == 3001 and demo_overrides(8, seed=-1)["noise"]["first_seed"] > 0
+    ws = make_workspace(tmp_path / "ws", small_corpus, noise={"first_seed": noise["first_seed"]})
+    with Engine(ws.root) as eng:
+        c = eng.campaign
+        assert eng.seed_set(c) == (0, [3001, 3002])
+        eng.ledger.start_experiment(c["id"], "a run", seed=3002, status="ok")
+        assert eng._fresh_seeds(c, 2) == [3003, 3004]
+    other = make_workspace(tmp_path / "other", small_corpus)
+    with Engine(other.root) as eng:
+        assert eng.seed_set(eng.campaign)[1] == [1001, 1002]

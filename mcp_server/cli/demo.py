@@ -6,7 +6,8 @@ short campaign against the MCP server over stdio, shows it live, and writes the
 report. Its defaults are sized to finish within six minutes on a quiet 2-core
 CPU: 30 s of training per run on the benchmark's budget clock (`auto` = the
 CPU clock here, so other jobs slow a run down but do not change how much it
-trains), a small evaluation (8192 tokens), a seed set of two seeds, up to
+trains), a small evaluation (8192 tokens), a seed set of two seeds (`--seed S`
+picks them: 1001 + 1000·S on, so demos with different seeds are independent), up to
 eight experiments, and a wall-clock deadline after which no new experiment
 starts. Power comes from paired verdicts: each candidate runs on the same two
 seeds as the best version (one run when its first pair is clearly worse), and
@@ -213,11 +214,13 @@ class DemoResult:
     session: Any
 
 
-def demo_overrides(n: int, parallel: int = 1) -> dict:
+def demo_overrides(n: int, parallel: int = 1, seed: int = 0) -> dict:
     # grace: on the CPU clock a run on a busy shared machine takes longer in wall time but trains the same
     # amount; the hard limit (4 budgets + grace) must not turn that into a false timeout
     return {"benchmark": {"eval_tokens": DEMO_EVAL_TOKENS, "grace_seconds": 300.0},
-            "noise": {"baseline_seeds": DEMO_BASELINE_SEEDS},
+            # --seed picks the campaign's training seeds too, so demos with different seeds are independent
+            # draws of the noise, not replicates of one (a campaign uses far fewer than 1000 seeds)
+            "noise": {"baseline_seeds": DEMO_BASELINE_SEEDS, "first_seed": 1001 + 1000 * (seed % 1000)},
             # runs, not experiments: the baseline seeds, each candidate on the seed set, a confirm pair
             # (candidate + reference) per experiment, and a re-measure of the best per seed set
             "budget": {"max_experiments": 3 * DEMO_BASELINE_SEEDS + (DEMO_BASELINE_SEEDS + 2) * n,
@@ -250,7 +253,7 @@ def run_demo(directory: Optional[Path | str] = None, time_budget: float = DEMO_T
     else:
         console.print(f"creating a workspace in {root} (preparing the data takes a few seconds)…")
         init_workspace(root, tag="demo", corpus="stdlib", time_budget=time_budget,
-                       overrides=demo_overrides(n, parallel))
+                       overrides=demo_overrides(n, parallel, seed))
     title = f"loopwright demo · {root.name} · built-in agent, seed {seed}" + (f", {parallel} in parallel"
                                                                               if parallel > 1 else "")
     state = ProgressState(title, started=t0, deadline=deadline + REPORT_RESERVE_S, n=n)

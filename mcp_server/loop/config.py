@@ -35,6 +35,7 @@ FROZEN_SECTIONS = ("benchmark", "paths", "noise")
 LATE_FROZEN_FIELDS: tuple[tuple[str, str], ...] = (
     ("noise", "sigma_prior"), ("noise", "prior_pairs"), ("noise", "rotate_every"), ("noise", "early_stop"),
     ("benchmark", "clock"), ("benchmark", "budget_tokens"), ("noise", "large_effect_sigmas"),
+    ("noise", "first_seed"),
 )
 OPERATIONAL_SECTIONS = ("campaign", "budget", "schedule", "slack", "jira", "webhook", "executor")
 
@@ -134,6 +135,8 @@ class NoiseConfig(_Section):
     sigma_prior: float = Field(default=0.06, ge=0, description="prior SD of a paired difference (bits/byte)")
     prior_pairs: float = Field(default=3.0, ge=0, description="how many pairs' worth of evidence the prior is")
     rotate_every: int = Field(default=6, ge=0, description="candidates per seed set before a fresh one (0 = never)")
+    first_seed: int = Field(default=1001, ge=0, le=2**31 - 1,
+                            description="the campaign's first seed; each fresh seed set continues after the highest used")
     early_stop: bool = Field(default=True, description="stop after the first pair when it is clearly worse")
     large_effect_sigmas: float = Field(
         default=5.0, ge=0, description="comparisons whose mean paired difference is beyond this many sigma_d are "

@@ -124,7 +124,7 @@ class Engine:
     def _fresh_seeds(self, c: dict, k: int) -> list[int]:
         """k seeds no run of this campaign has used (experiments and replays)."""
         used = self.ledger.used_seeds(c["id"])
-        nxt = max([1000, *used]) + 1
+        nxt = max([self.ws.cfg.noise.first_seed - 1, *used]) + 1
         return list(range(nxt, nxt + k))
 
     def reference_runs(self, c: dict) -> dict[int, dict]:

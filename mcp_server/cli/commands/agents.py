@@ -70,7 +70,8 @@ def demo_args(sp) -> None:
     sp.add_argument("-n", type=int, default=None, help="experiments after the baseline (default 8)")
     sp.add_argument("--minutes", type=float, default=None,
                     help="wall-clock cap: no experiment starts that would end after it (default 6)")
-    sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--seed", type=int, default=0,
+                    help="seed of the agent's choices and of the campaign's training seeds (1001 + 1000 x SEED on)")
     sp.add_argument("--no-mechanisms", action="store_true")
     sp.add_argument("--parallel", type=int, default=1, metavar="N",
                     help="candidates in flight at once, N runs at once on this machine (default 1: one at a time)")
