@@ -94,7 +94,7 @@ def make_workspace(tmp: Path, corpus: Path, tag: str = "t", bench_dir: Path | No
     return init_workspace(tmp, tag=tag, corpus=str(corpus), overrides=cfg, bench_dir=bench_dir)
 
 
-def record_baseline(eng, values=(2.00, 2.01), **fields) -> list[int]:
+def record_baseline(eng, values=(2.00, 2.01)) -> list[int]:
     """Ledger rows for a measured baseline, one per seed of the campaign's current seed set, so the
     next candidate pairs with them at once instead of first training the real baseline on each seed
     (a verdict or an attack is then tested without a minute of training per test)."""
@@ -105,8 +105,7 @@ def record_baseline(eng, values=(2.00, 2.01), **fields) -> list[int]:
     for i, (v, s) in enumerate(zip(values, seeds)):
         e = eng.ledger.start_experiment(c["id"], f"baseline {i}", is_baseline=1, commit_sha=c["best_commit"],
                                         parent_commit=c["best_commit"], seed=s, seed_set=index, role="baseline")
-        eng.ledger.update_experiment(e, status="ok", val_bpb=v, verdict="baseline", finished_at=time.time(),
-                                     **fields)
+        eng.ledger.update_experiment(e, status="ok", val_bpb=v, verdict="baseline", finished_at=time.time())
         ids.append(e)
     return ids
 

@@ -471,7 +471,7 @@ class BuiltinAgent:
         self.asynchronous = asynchronous or parallel > 1
         self.attempts: list[Attempt] = []
         self.durations: list[float] = []
-        self.deadline: Optional[float] = None   # monotonic; a confirm that would end after it is left pending
+        self.deadline: Optional[float] = None   # monotonic: nothing starts that would end after it
         self.flights: dict[int, _Flight] = {}
 
     def emit(self, event: str, /, **data: Any) -> None:
@@ -499,7 +499,7 @@ class BuiltinAgent:
         """Run up to n experiments (None: until the budget says stop) before `deadline` (monotonic)."""
         self.deadline = deadline
         if self.asynchronous:
-            return await self._run_parallel(n, deadline)
+            return await self._run_parallel(n)
         state = await self.call("state_read", {"view": "summary"})
         summary = state["summary"]
         self.emit("start", summary=summary, mechanisms=self.mechanisms)
@@ -530,11 +530,10 @@ class BuiltinAgent:
                 budget = await self.call("budget_check")
                 if budget["should_stop"]:
                     return self._stop("budget: " + "; ".join(budget["reasons"]))
-                if deadline is not None and self.durations:
-                    need = statistics.median(self.durations[-5:])
-                    if time.monotonic() + need > deadline:
-                        return self._stop(f"session time budget: the next experiment (~{need:.0f} s) would "
-                                          "not finish in time")
+                need = self._would_overrun()
+                if need is not None:
+                    return self._stop(f"session time budget: the next experiment (~{need:.0f} s) would "
+                                      "not finish in time")
                 edit = await self._next_edit()
                 if edit is None:
                     return self._stop("no untried change of the tunable constants is left")
@@ -570,7 +569,7 @@ class BuiltinAgent:
         return reason
 
     # -- parallel: up to `parallel` candidates in flight (submit_experiment / wait) ----------------------
-    async def _run_parallel(self, n: Optional[int], deadline: Optional[float]) -> str:
+    async def _run_parallel(self, n: Optional[int]) -> str:
         """Keep up to `parallel` candidates in flight: propose from the best version, submit, and record
         verdicts as wait() returns them (the engine decides each against the best at that time; a stale
         one is rebased and re-measured there). Stops submitting at the budget, the deadline or n; returns
@@ -611,7 +610,7 @@ class BuiltinAgent:
                     why = f"ran the {n} experiment(s) asked for"
                     break
                 try:
-                    why = await self._submit_next(submitted + 1, deadline)
+                    why = await self._submit_next(submitted + 1)
                     errors = 0
                 except ToolFailed as e:
                     await self._restore()
@@ -631,15 +630,14 @@ class BuiltinAgent:
                 return self._stop(why or "no untried change of the tunable constants is left")
             await self._wait_for(list(self.flights), any_one=True)
 
-    async def _submit_next(self, number: int, deadline: Optional[float]) -> Optional[str]:
+    async def _submit_next(self, number: int) -> Optional[str]:
         """Propose, write and submit one candidate; a reason to stop submitting, or None."""
         budget = await self.call("budget_check")
         if budget["should_stop"]:
             return "budget: " + "; ".join(budget["reasons"])
-        if deadline is not None and self.durations:
-            need = statistics.median(self.durations[-5:])
-            if time.monotonic() + need > deadline:
-                return f"session time budget: the next experiment (~{need:.0f} s) would not finish in time"
+        need = self._would_overrun()
+        if need is not None:
+            return f"session time budget: the next experiment (~{need:.0f} s) would not finish in time"
         await self.call("revert")     # train.py = the best now (a keep may have moved it)
         busy = {f.edit.name for f in self.flights.values()}
         edit = await self._next_edit(busy)
@@ -773,18 +771,20 @@ class BuiltinAgent:
             self.emit("verdict", score=sc)
             if sc["verdict"] != "retest":
                 return sc["verdict"]
-            if self._confirm_would_overrun():
+            if self._would_overrun() is not None:
                 self.emit("deferred", experiment_id=eid, reason="the confirm runs would not finish in time")
                 return "retest"   # left pending: the next session settles it before anything else
             if not await self._confirm(eid):
                 return "discard"   # a failed confirm run discards the candidate (the engine did so)
 
-    def _confirm_would_overrun(self) -> bool:
-        """A confirm runs the candidate and the best on a fresh seed: about what a candidate's pair costs,
-        estimated as the recent experiments' median duration."""
+    def _would_overrun(self) -> Optional[float]:
+        """The estimated seconds of the next experiment (or confirm: the candidate and the best on a fresh
+        seed cost about what a candidate's pair does) when it would end after the session's deadline, else
+        None. The estimate is the recent experiments' median duration."""
         if self.deadline is None or not self.durations:
-            return False
-        return time.monotonic() + statistics.median(self.durations[-5:]) > self.deadline
+            return None
+        need = statistics.median(self.durations[-5:])
+        return need if time.monotonic() + need > self.deadline else None
 
     async def _confirm(self, eid: int) -> bool:
         self.emit("experiment_start", number=None, description=f"confirm #{eid}", category="confirm")
