@@ -152,3 +152,53 @@ def test_local_async_campaign_two_in_flight(tmp_path, small_corpus):
     with pytest.raises(LoopError, match=f"exact repeat of experiment #{other.experiment_id}"):
         eng.run_experiment("again")
     eng.close()
+
+
+def test_a_cancelled_local_run_kills_its_sandbox_and_leaves_no_outcome(tmp_path, small_corpus):
+    """Cancelling a running local run stops train.py at once (not at the hard limit), evaluates nothing and
+    saves no outcome.json, so a later driver treats the run as unfinished (interrupted, re-queued)."""
+    import os
+    import time
+
+    from mcp_server.executors.local import LocalExecutor
+    from mcp_server.loop import asyncrun
+
+    ws = make_workspace(tmp_path / "ws", small_corpus, bench_dir=hobbled_bench(tmp_path / "bench", tiny=True))
+    eng = Engine(ws.root)
+    evaluator = {n: (ws.root / n).read_bytes() for n in ("prepare.py", "loopwright.toml")}
+    spec = RunSpec(run_id=7, seed=1001, evaluator=evaluator, data=asyncrun.data_manifest(eng, eng.campaign),
+                   sources={"train.py": "import os, time\nopen(os.environ['LOOPWRIGHT_RUN_DIR'] + '/started', 'w').close()\n"
+                                        "time.sleep(600)\n"})
+    work = tmp_path / "work"
+    ex = LocalExecutor(eng.ws.data_dir, work, eng.ws.run_dir)
+
+    def sandbox_pids(top: str) -> list[int]:   # processes whose command line names the run's working copy
+        pids = []
+        for d in os.listdir("/proc"):
+            try:
+                if d.isdigit() and top in open(f"/proc/{d}/cmdline", "rb").read().decode(errors="replace"):
+                    pids.append(int(d))
+            except OSError:
+                pass
+        return pids
+
+    ex.submit(spec)
+    deadline = time.monotonic() + 120
+    started: list = []
+    while time.monotonic() < deadline and not started:
+        time.sleep(0.2)
+        started = list(work.glob("loopwright-run-*/run/scratch/started"))
+    assert started, "train.py never started"
+    top = str(started[0].parents[2])
+    assert sandbox_pids(top), "the sandboxed train.py is running"
+    t0 = time.monotonic()
+    ex.cancel(7)
+    assert ex.in_flight() == [] and ex.wait(timeout=1) == []
+    while time.monotonic() - t0 < 20 and (os.path.exists(top) or sandbox_pids(top)):
+        time.sleep(0.1)
+    assert not sandbox_pids(top), "the sandbox outlived the cancel"
+    assert not os.path.exists(top), "the working copy is removed once the run ends"
+    assert time.monotonic() - t0 < 20          # not the 600 s sleep, nor the hard limit
+    assert not (eng.ws.run_dir(7) / "outcome.json").exists()
+    ex.close()
+    eng.close()

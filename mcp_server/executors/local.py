@@ -7,6 +7,7 @@ directory (runs/<id>/outcome.json) the moment it is known, so a driver that rest
 from __future__ import annotations
 
 import concurrent.futures as cf
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Iterable, Optional
@@ -27,12 +28,15 @@ class LocalExecutor:
         self._run_dir = run_dir
         self._pool = cf.ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="loopwright-run")
         self._futures: dict[int, cf.Future] = {}
+        self._cancels: dict[int, threading.Event] = {}
 
     def submit(self, spec: RunSpec) -> int:
         if spec.run_id in self._futures:
             raise ExecutorError(f"run {spec.run_id} is already in flight")
+        cancel = threading.Event()
         self._futures[spec.run_id] = self._pool.submit(workcopy.run, spec, self._source, self._work,
-                                                       outcome_dir=self._run_dir(spec.run_id))
+                                                       outcome_dir=self._run_dir(spec.run_id), cancel=cancel)
+        self._cancels[spec.run_id] = cancel
         return spec.run_id
 
     def wait(self, handles: Optional[Iterable[int]] = None, timeout: Optional[float] = None) -> list[RunOutcome]:
@@ -47,6 +51,7 @@ class LocalExecutor:
             f = self._futures[h]
             if f in done:
                 del self._futures[h]
+                self._cancels.pop(h, None)
                 try:
                     out.append(f.result())
                 except Exception as e:  # noqa: BLE001 - workcopy.run returns failures; this is a bug guard
@@ -57,7 +62,10 @@ class LocalExecutor:
     def cancel(self, handle: int) -> None:
         f = self._futures.pop(handle, None)
         if f is not None:
-            f.cancel()    # a run already started finishes in its thread; its outcome is dropped
+            f.cancel()    # a queued run never starts
+        ev = self._cancels.pop(handle, None)
+        if ev is not None:
+            ev.set()      # a running one: its sandbox is killed within a fraction of a second; outcome dropped
 
     def in_flight(self) -> list[int]:
         return list(self._futures)

@@ -19,6 +19,7 @@ import os
 import shutil
 import socket
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Optional
@@ -97,12 +98,17 @@ def materialise(spec: RunSpec, source: DataSource, base: Optional[Path] = None) 
 
 
 def run(spec: RunSpec, source: DataSource, base: Optional[Path] = None, worker: str = "",
-        outcome_dir: Optional[Path] = None, on_progress: Optional[runner.ProgressFn] = None) -> RunOutcome:
+        outcome_dir: Optional[Path] = None, on_progress: Optional[runner.ProgressFn] = None,
+        cancel: Optional[threading.Event] = None) -> RunOutcome:
     """Train and evaluate `spec` in a fresh working copy; never raises for a failure of the run itself
     (a crash, a timeout, a rejected model or bad data are outcomes). With `outcome_dir`, the outcome is
-    also written there (OUTCOME_NAME) as soon as it is known: a restarted driver records it from there."""
+    also written there (OUTCOME_NAME) as soon as it is known: a restarted driver records it from there.
+    `cancel` set: the sandbox is killed, nothing is evaluated and no outcome is saved (a later driver
+    finds the run unfinished: interrupted, re-queued); the returned outcome is "lost"."""
     worker = worker or f"local:{socket.gethostname()}:{os.getpid()}"
     t0 = time.monotonic()
+    if cancel is not None and cancel.is_set():
+        return _cancelled(spec, worker, t0)
     try:
         top, ws = materialise(spec, source, base)
     except (ExecutorError, cfgmod.ConfigError, OSError) as e:
@@ -111,7 +117,9 @@ def run(spec: RunSpec, source: DataSource, base: Optional[Path] = None, worker: 
         return out
     try:
         run_dir = top / "run"
-        tr = runner.run_training(ws, run_dir, spec.seed, on_progress, unsafe=spec.unsafe)
+        tr = runner.run_training(ws, run_dir, spec.seed, on_progress, unsafe=spec.unsafe, cancel=cancel)
+        if tr.status == "cancelled" or (cancel is not None and cancel.is_set()):
+            return _cancelled(spec, worker, t0)
         out = RunOutcome(spec.run_id, tr.status, tr.reason, summary=dict(tr.summary), log_tail=tr.log_tail,
                          train_log=_tail(run_dir / "train.log"), train_wall_s=round(tr.wall_seconds, 3),
                          sandbox=tr.sandbox, worker=worker)
@@ -131,6 +139,11 @@ def run(spec: RunSpec, source: DataSource, base: Optional[Path] = None, worker: 
         shutil.rmtree(top, ignore_errors=True)
     _save(out, outcome_dir)
     return out
+
+
+def _cancelled(spec: RunSpec, worker: str, t0: float) -> RunOutcome:
+    return RunOutcome(spec.run_id, "lost", "cancelled by the driver", train_wall_s=round(time.monotonic() - t0, 3),
+                      worker=worker)
 
 
 def _tail(path: Path) -> str:

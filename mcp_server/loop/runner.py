@@ -61,7 +61,7 @@ def clean_env(extra: dict[str, str]) -> dict[str, str]:
 
 @dataclass
 class TrainResult:
-    status: str                       # ok | crash | timeout
+    status: str                       # ok | crash | timeout | cancelled (only when a cancel event was given)
     exit_code: Optional[int]
     reason: str
     wall_seconds: float
@@ -114,9 +114,11 @@ def kill_stale(run_dir: Path) -> bool:
 
 
 def run_training(ws: Workspace, run_dir: Path, seed: int, on_progress: Optional[ProgressFn] = None,
-                 python: str = sys.executable, unsafe: Optional[bool] = None) -> TrainResult:
+                 python: str = sys.executable, unsafe: Optional[bool] = None,
+                 cancel: Optional[threading.Event] = None) -> TrainResult:
     """train.py of `ws.root` on `seed`, sandboxed. `unsafe` (default: the process's opt-out) is passed
-    explicitly where the environment is not the human's (an executor's worker)."""
+    explicitly where the environment is not the human's (an executor's worker). When `cancel` is set
+    the sandbox is killed at once (status "cancelled")."""
     info = sandbox.require(unsafe)    # SandboxUnavailable unless the human opted out
     run_dir.mkdir(parents=True, exist_ok=True)
     # train.py writes only here (the sandbox's one writable dir); the evaluator gets a copy
@@ -140,7 +142,7 @@ def run_training(ws: Workspace, run_dir: Path, seed: int, on_progress: Optional[
     log_path = run_dir / "train.log"
     t0 = time.monotonic()
     lines: list[str] = []
-    with open(log_path, "w", encoding="utf-8") as log:
+    with open(log_path, "w", encoding="utf-8", buffering=1) as log:   # line-buffered: `tail -f` sees progress
         proc = subprocess.Popen(cmd, cwd=ws.root, env=env, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
                                 start_new_session=True, bufsize=1,
@@ -164,12 +166,24 @@ def run_training(ws: Workspace, run_dir: Path, seed: int, on_progress: Optional[
 
         reader = threading.Thread(target=pump, daemon=True)
         reader.start()
-        timed_out = False
+        timed_out = cancelled = False
+        deadline = t0 + hard_limit
         try:
-            proc.wait(timeout=hard_limit)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            kill_group(proc, grace_s=3.0)
+            while True:
+                left = deadline - time.monotonic()
+                try:
+                    # polled when it can be cancelled, so a cancel does not wait for the hard limit
+                    proc.wait(timeout=max(0.0, left if cancel is None else min(left, 0.2)))
+                    break
+                except subprocess.TimeoutExpired:
+                    if time.monotonic() >= deadline:
+                        timed_out = True
+                        kill_group(proc, grace_s=3.0)
+                        break
+                    if cancel is not None and cancel.is_set():
+                        cancelled = True
+                        kill_group(proc, grace_s=1.0)
+                        break
         finally:
             # train.py may have left children (dataloader workers): the group goes too.
             kill_group_now(proc.pid)
@@ -179,6 +193,9 @@ def run_training(ws: Workspace, run_dir: Path, seed: int, on_progress: Optional[
     summary = _parse_summary(lines)
     tail = "\n".join(lines[-30:])
 
+    if cancelled:
+        return TrainResult("cancelled", None, "cancelled by the driver; the sandbox was killed", wall, summary,
+                           tail, sandbox=info.kind)
     if timed_out:
         return TrainResult("timeout", None, f"killed at the hard limit of {hard_limit:.0f} s "
                            f"of wall clock (clock {bench.clock!r}, time budget {bench.time_budget:.0f} s, grace "
