@@ -33,9 +33,9 @@ import prepare
 # Hyperparameters. Top-level literals on purpose: tools edit them by parsing this file.
 
 DEPTH = 4               # transformer blocks
-D_MODEL = 128           # residual width
+D_MODEL = 96            # residual width (96 beat 128 on 4 of 4 paired seeds at 30 s of CPU, BENCHMARKS.md)
 N_HEAD = 4              # attention heads (head dim = D_MODEL // N_HEAD)
-MLP_RATIO = 4           # MLP hidden = MLP_RATIO * D_MODEL
+MLP_RATIO = 1           # MLP hidden = MLP_RATIO * D_MODEL (1 beat 2 and 4 on every paired seed at 30 s of CPU)
 BATCH_SIZE = 8          # sequences per step (tokens per step = BATCH_SIZE * prepare.SEQ_LEN)
 LR = 0.008              # AdamW peak learning rate (matrices when Muon is off, and everything else)
 EMBED_LR = 0.01         # AdamW learning rate of the embedding

@@ -196,11 +196,12 @@ _WHY = {"up": "raising", "down": "lowering", "off": "switching off", "flip": "fl
 # screen"): none beat it clearly (the clear winner, no LR warm-up, became the baseline), so these are the
 # changes whose mean paired effect was best or whose noise was widest, most promising first.
 EXPERT_FIRST: tuple[tuple[str, float], ...] = (
-    ("MLP_RATIO", 0.75),       # cheaper steps, more of them in the budget (screen: -0.043, wide spread)
-    ("LR", 0.75),              # screen: -0.009
-    ("WARMDOWN_FRAC", 1.5),    # screen: +0.013
-    ("EMBED_LR", 3.0),         # screen: +0.025 (-0.012 in a quiet demo)
-    ("LOGIT_SOFTCAP", 2.0),    # screen: +0.031 (-0.049 in a quiet demo)
+    ("DEPTH", 0.75),           # screen: -0.059, widest spread (more steps in the budget)
+    ("D_MODEL", 2 / 3),        # screen: -0.005 (96 -> 64)
+    ("LR", 0.75),              # screen: +0.058
+    ("WARMDOWN_FRAC", 1.5),    # earlier screen: +0.013
+    ("EMBED_LR", 3.0),         # earlier screen: +0.025
+    ("LOGIT_SOFTCAP", 2.0),    # earlier screen: +0.031
 )
 
 
