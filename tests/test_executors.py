@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -176,7 +177,7 @@ def test_a_cancelled_local_run_kills_its_sandbox_and_leaves_no_outcome(tmp_path,
         pids = []
         for d in os.listdir("/proc"):
             try:
-                if d.isdigit() and top in open(f"/proc/{d}/cmdline", "rb").read().decode(errors="replace"):
+                if d.isdigit() and top in (Path("/proc") / d / "cmdline").read_bytes().decode(errors="replace"):
                     pids.append(int(d))
             except OSError:
                 pass

@@ -192,9 +192,9 @@ _WHY = {"up": "raising", "down": "lowering", "off": "switching off", "flip": "fl
 # What an expert tries first on a short, fixed training budget, in order: (constant, factor applied to its
 # current value; 0 = off). Each is proposed once, while untried, before the hill climb's own order; its
 # outcome then feeds the climb like any other move. Constants a train.py does not have are skipped.
-# Ordered by a paired screen of one-constant changes against the tuned baseline (BENCHMARKS.md, "Paired
-# screen"): none beat it clearly (the clear winner, no LR warm-up, became the baseline), so these are the
-# changes whose mean paired effect was best or whose noise was widest, most promising first.
+# Ordered by paired screens of one-constant changes against the tuned baseline (BENCHMARKS.md, "Paired
+# screen" and "The model's shape re-tuned"): the clear winners (no LR warm-up, a smaller MLP and width) became
+# the baseline, so these are the changes whose mean paired effect was best or whose noise was widest.
 EXPERT_FIRST: tuple[tuple[str, float], ...] = (
     ("DEPTH", 0.75),           # screen: -0.059, widest spread (more steps in the budget)
     ("D_MODEL", 2 / 3),        # screen: -0.005 (96 -> 64)

@@ -27,31 +27,29 @@ class LocalExecutor:
         self._work = work_dir
         self._run_dir = run_dir
         self._pool = cf.ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="loopwright-run")
-        self._futures: dict[int, cf.Future] = {}
-        self._cancels: dict[int, threading.Event] = {}
+        self._runs: dict[int, tuple[cf.Future, threading.Event]] = {}   # run id -> (its future, its cancel)
 
     def submit(self, spec: RunSpec) -> int:
-        if spec.run_id in self._futures:
+        if spec.run_id in self._runs:
             raise ExecutorError(f"run {spec.run_id} is already in flight")
         cancel = threading.Event()
-        self._futures[spec.run_id] = self._pool.submit(workcopy.run, spec, self._source, self._work,
-                                                       outcome_dir=self._run_dir(spec.run_id), cancel=cancel)
-        self._cancels[spec.run_id] = cancel
+        future = self._pool.submit(workcopy.run, spec, self._source, self._work,
+                                   outcome_dir=self._run_dir(spec.run_id), cancel=cancel)
+        self._runs[spec.run_id] = (future, cancel)
         return spec.run_id
 
     def wait(self, handles: Optional[Iterable[int]] = None, timeout: Optional[float] = None) -> list[RunOutcome]:
-        wanted = list(self._futures) if handles is None else [h for h in handles if h in self._futures]
+        wanted = list(self._runs) if handles is None else [h for h in handles if h in self._runs]
         if not wanted:
             return []
         deadline = None if timeout is None else time.monotonic() + timeout
-        done, _ = cf.wait([self._futures[h] for h in wanted], return_when=cf.FIRST_COMPLETED,
+        done, _ = cf.wait([self._runs[h][0] for h in wanted], return_when=cf.FIRST_COMPLETED,
                           timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
         out = []
         for h in wanted:
-            f = self._futures[h]
+            f = self._runs[h][0]
             if f in done:
-                del self._futures[h]
-                self._cancels.pop(h, None)
+                del self._runs[h]
                 try:
                     out.append(f.result())
                 except Exception as e:  # noqa: BLE001 - workcopy.run returns failures; this is a bug guard
@@ -60,17 +58,15 @@ class LocalExecutor:
         return out
 
     def cancel(self, handle: int) -> None:
-        f = self._futures.pop(handle, None)
-        if f is not None:
-            f.cancel()    # a queued run never starts
-        ev = self._cancels.pop(handle, None)
-        if ev is not None:
-            ev.set()      # a running one: its sandbox is killed within a fraction of a second; outcome dropped
+        run = self._runs.pop(handle, None)
+        if run is not None:
+            run[0].cancel()   # a queued run never starts
+            run[1].set()      # a running one: its sandbox is killed within a fraction of a second; outcome dropped
 
     def in_flight(self) -> list[int]:
-        return list(self._futures)
+        return list(self._runs)
 
     def close(self) -> None:
-        for h in list(self._futures):
+        for h in list(self._runs):
             self.cancel(h)
         self._pool.shutdown(wait=False, cancel_futures=True)
