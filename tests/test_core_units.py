@@ -232,3 +232,16 @@ def test_results_tsv_keeps_autoresearch_columns_first(tmp_path):
     assert len(lines[0].split("\t")) == len(COLUMNS)
     assert lines[1].split("\t")[:5] == ["abcdef1", "1.234567", "0.500000", "keep", "baseline with tab"]
     assert lines[2].split("\t")[3] == "crash"
+
+
+def test_results_tsv_shows_a_finished_reference_run_of_the_best_as_kept_not_pending(tmp_path):
+    # a confirm's reference run re-measures the kept best on a fresh seed; it has no verdict of its own
+    led = Ledger(tmp_path / "s.db")
+    cid = led.create_campaign("t", "b", "abc")
+    e = led.start_experiment(cid, "reference: best #3 on seed 6003 (confirm of #5)", commit_sha="4ba8c1a",
+                             role="reference", seed=6003)
+    led.update_experiment(e, status="ok", val_bpb=2.989)
+    e = led.start_experiment(cid, "still running", commit_sha="5ca1ab1", role="candidate")
+    cells = [ln.split("\t") for ln in export_tsv(led, cid).splitlines()[1:]]
+    assert cells[0][3] == "keep" and cells[0][COLUMNS.index("verdict")] == "reference"
+    assert cells[1][3] == "pending"
