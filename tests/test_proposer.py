@@ -33,7 +33,7 @@ def _changed_lines(a: str, b: str) -> list[tuple[str, str]]:
     return out
 
 
-@pytest.mark.parametrize("name,value", [("LR", 0.0025), ("D_MODEL", 64), ("QK_NORM", True), ("BETA2", 0.975),
+@pytest.mark.parametrize("name,value", [("LR", 0.0025), ("D_MODEL", 96), ("QK_NORM", True), ("BETA2", 0.975),
                                         ("WEIGHT_DECAY", 0.1), ("DEPTH", 12)])
 def test_set_constant_rewrites_only_the_literal(name, value):
     new = set_constant(TRAIN, name, value)
@@ -75,8 +75,8 @@ def test_moves_respect_kind_sign_and_range():
     c = {k.name: k for k in tunable_constants(TRAIN)}
     assert moves(c["LR"], 2.0) == {"up": [0.008], "down": [0.002]}
     assert moves(c["QK_NORM"], 2.0) == {"flip": [True]}
-    assert moves(c["DEPTH"], 2.0) == {"up": [5, 8], "down": [3, 2]}
-    assert moves(c["D_MODEL"], 2.0) == {"up": [192], "down": [48]}
+    assert moves(c["DEPTH"], 2.0) == {"up": [3, 4], "down": [1]}       # a count stays >= 1
+    assert moves(c["D_MODEL"], 2.0) == {"up": [128], "down": [32]}
     assert moves(c["WEIGHT_DECAY"], 2.0) == {"up": [0.1]}              # from zero: a typical value
     assert moves(c["GRAD_CLIP"], 2.0)["off"] == [0.0]                  # its comment says "0 = off"
     for beta in ("BETA1", "BETA2"):
@@ -268,7 +268,7 @@ def _objective(vals, seed):
     """A bowl in log(LR) and log(BATCH_SIZE), QK_NORM a near-miss, a wider model crashes."""
     import math
 
-    if vals["D_MODEL"] > 96:
+    if vals["D_MODEL"] > 64:
         return None
     v = 2.0 + 0.05 * abs(math.log2(vals["LR"] / 0.016)) + 0.01 * abs(math.log2(vals["BATCH_SIZE"] / 8))
     v -= 0.0015 * vals["QK_NORM"]          # inside the retest band: confirm runs, then a discard
@@ -397,16 +397,16 @@ async def test_agent_records_crashes_and_resumes(tmp_path, small_corpus, monkeyp
     ws = make_workspace(tmp_path / "ws", small_corpus)
     a1, _, _ = await _agent_session(ws, _Scripted(["D_MODEL", "D_MODEL"], seed=3), n=2, mechanisms=False)
     by_desc = {a.description: a for a in a1.attempts}
-    assert set(by_desc) == {"D_MODEL 96 -> 192", "D_MODEL 96 -> 48"}   # both directions, in some order
-    crash = by_desc["D_MODEL 96 -> 192"]
+    assert set(by_desc) == {"D_MODEL 64 -> 128", "D_MODEL 64 -> 32"}   # both directions, in some order
+    crash = by_desc["D_MODEL 64 -> 128"]
     assert crash.status == "crash" and crash.verdict == "discard"           # recorded, and the loop moved on
     with Engine(ws.root, recover=False) as eng:
         notes = eng.ledger.notes(eng.campaign["id"])
-        assert any(n["kind"] == "dead_end" and "D_MODEL 96 -> 192" in n["text"] and n["experiment_id"]
+        assert any(n["kind"] == "dead_end" and "D_MODEL 64 -> 128" in n["text"] and n["experiment_id"]
                    == crash.experiment_id for n in notes)
     # a new session replays the history: both x2 steps failed, so it tries a smaller step, not a repeat
     a2, _, _ = await _agent_session(ws, _Scripted(["D_MODEL"], seed=3), n=1, mechanisms=False)
-    assert a2.attempts[0].description.startswith("D_MODEL 96 -> ")
+    assert a2.attempts[0].description.startswith("D_MODEL 64 -> ")
     assert a2.attempts[0].description not in by_desc
 
 
