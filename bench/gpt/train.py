@@ -38,7 +38,7 @@ N_HEAD = 4              # attention heads (head dim = D_MODEL // N_HEAD)
 MLP_RATIO = 1           # MLP hidden = MLP_RATIO * D_MODEL (1 beat 2 and 4 on every paired seed at 30 s of CPU)
 BATCH_SIZE = 8          # sequences per step (tokens per step = BATCH_SIZE * prepare.SEQ_LEN)
 LR = 0.008              # AdamW peak learning rate (matrices when Muon is off, and everything else)
-EMBED_LR = 0.03         # AdamW learning rate of the embedding (0.03 beat 0.01 on 8 of 10 paired seeds)
+EMBED_LR = 0.09         # AdamW learning rate of the embedding (0.01 -> 0.03 -> 0.09: screens, demos, replays)
 WEIGHT_DECAY = 0.0      # AdamW decoupled weight decay on the block matrices
 BETA1 = 0.9
 BETA2 = 0.95
