@@ -342,6 +342,42 @@ async def test_agent_keeps_confirms_notes_and_stops(tmp_path, small_corpus, monk
         assert constant_values(best_src)["LR"] == 0.016   # the file on disk is the best version
 
 
+async def test_a_candidate_that_starts_a_fresh_seed_set_is_costed_with_the_reference_runs(tmp_path, small_corpus,
+                                                                                           monkeypatch):
+    """A candidate that starts a fresh seed set first re-measures the best on it: twice the runs. The deadline
+    estimate must count them (a demo once started such a candidate at 303 s and ran 378 s of its 360)."""
+    import time as _time
+
+    from mcp import Client
+
+    from mcp_server.agents.builtin import BuiltinAgent
+    from mcp_server.loop.engine import Engine
+    from mcp_server.mcp.server import build_server
+
+    _fake_runs(monkeypatch, _objective)
+    ws = make_workspace(tmp_path / "ws", small_corpus, noise={"rotate_every": 1})
+    events = []
+    async with Client(build_server(ws.root)) as client:
+        agent = None
+
+        def observe(kind, d):
+            events.append((kind, d))
+            if kind == "experiment_end" and d["attempt"].number == 1:
+                # room for one more experiment like the last, not for one that also re-measures the best
+                agent.deadline = _time.monotonic() + 1.25 * statistics.median(agent.durations)
+
+        agent = BuiltinAgent(client, ws.root / "train.py", _Scripted(["LR", "BATCH_SIZE"]), False, observe)
+        reason = await agent.run(3, _time.monotonic() + 3600)
+    assert reason.startswith("session time budget: the next experiment"), reason
+    assert [a.number for a in agent.attempts] == [1]
+    with Engine(ws.root, recover=False) as eng:
+        c = eng.campaign
+        assert eng.next_experiment_runs(c) == 4 == eng.budget().next_experiment_runs   # 2 candidate + 2 reference
+    with Engine(ws.root, recover=False) as eng:   # no fresh set due: the candidate's two runs only
+        eng.ws.cfg.noise.rotate_every = 0
+        assert eng.next_experiment_runs(eng.campaign) == 2
+
+
 async def test_a_confirm_that_would_overrun_the_deadline_is_left_for_the_next_session(tmp_path, small_corpus,
                                                                                      monkeypatch):
     """The demo's six minutes: a candidate that needs confirm runs when the deadline is near is not

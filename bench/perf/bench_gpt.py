@@ -106,7 +106,7 @@ def one_run(ws: Path, prepare, train, budget: float) -> dict:
         "total_seconds": s["total_seconds"],
         "total_over_budget": s["total_seconds"] / budget,
         "process_wall_seconds": wall,
-        "quick_val_bpb": s["val_bpb"],
+        "train_eval_bpb": s.get("train_eval_bpb"),   # train.py's own quick estimate on held-out train tokens
         "val_bpb": res["val_bpb"],
         "test_bpb": res["test_bpb"],
         "eval_wall_seconds": eval_wall,

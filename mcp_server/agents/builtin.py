@@ -473,6 +473,7 @@ class BuiltinAgent:
         self.asynchronous = asynchronous or parallel > 1
         self.attempts: list[Attempt] = []
         self.durations: list[float] = []
+        self.run_seconds: list[float] = []    # wall seconds per training run (+ evaluation), for the deadline
         self.deadline: Optional[float] = None   # monotonic: nothing starts that would end after it
         self.flights: dict[int, _Flight] = {}
 
@@ -522,6 +523,7 @@ class BuiltinAgent:
             seconds = time.monotonic() - t0
             runs = len((res.get("baseline") or {}).get("samples") or [1])
             self.durations.append(seconds / runs)   # one run: the first estimate for the deadline
+            self.run_seconds.append(seconds / runs)
             self.emit("baseline", result=res, seconds=seconds)
         done, errors = 0, 0
         while True:
@@ -532,7 +534,7 @@ class BuiltinAgent:
                 budget = await self.call("budget_check")
                 if budget["should_stop"]:
                     return self._stop("budget: " + "; ".join(budget["reasons"]))
-                need = self._would_overrun()
+                need = self._would_overrun(budget.get("next_experiment_runs"))
                 if need is not None:
                     return self._stop(f"session time budget: the next experiment (~{need:.0f} s) would "
                                       "not finish in time")
@@ -740,6 +742,9 @@ class BuiltinAgent:
         self.emit("experiment_start", number=number, description=edit.description, category=edit.category)
         res = await self.call("run_experiment", {"description": edit.description, "hypothesis": edit.hypothesis},
                               progress=True)
+        runs = len(res.get("pairs") or []) + int(res.get("reference_runs") or 0)
+        if runs:
+            self.run_seconds.append((time.monotonic() - t0) / runs)
         eid = res["experiment_id"]
         verdict = None
         if res["status"] == "ok":
@@ -773,19 +778,24 @@ class BuiltinAgent:
             self.emit("verdict", score=sc)
             if sc["verdict"] != "retest":
                 return sc["verdict"]
-            if self._would_overrun() is not None:
+            if self._would_overrun(2) is not None:   # a confirm: the candidate and the best on a fresh seed
                 self.emit("deferred", experiment_id=eid, reason="the confirm runs would not finish in time")
                 return "retest"   # left pending: the next session settles it before anything else
             if not await self._confirm(eid):
                 return "discard"   # a failed confirm run discards the candidate (the engine did so)
 
-    def _would_overrun(self) -> Optional[float]:
-        """The estimated seconds of the next experiment (or confirm: the candidate and the best on a fresh
-        seed cost about what a candidate's pair does) when it would end after the session's deadline, else
-        None. The estimate is the recent experiments' median duration."""
+    def _would_overrun(self, runs: Optional[int] = None) -> Optional[float]:
+        """The estimated seconds of the next experiment (or confirm) when it would end after the session's
+        deadline, else None. The estimate is the recent experiments' median duration, or, when the engine
+        says how many runs the next one takes at most (`runs`: budget_check's next_experiment_runs, 2 for a
+        confirm), that many runs at the recent time per run if that is longer: a candidate that starts a
+        fresh seed set first re-measures the best on it, and early-stopped candidates (one run) must not
+        make the estimate forget that (a demo once ran 378 s of its 360)."""
         if self.deadline is None or not self.durations:
             return None
         need = statistics.median(self.durations[-5:])
+        if runs and self.run_seconds:
+            need = max(need, runs * statistics.median(self.run_seconds[-5:]))
         return need if time.monotonic() + need > self.deadline else None
 
     async def _confirm(self, eid: int) -> bool:

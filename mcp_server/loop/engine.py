@@ -113,13 +113,29 @@ class Engine:
         raw = self.ledger.kv_get(key)
         cur = json.loads(raw) if raw else None
         count = self.ledger.campaign_counts(c["id"])["experiments"]
-        stale = cur is None or len(cur["seeds"]) != n.baseline_seeds or (
-            rotate and n.rotate_every and count - cur["since"] >= n.rotate_every)
-        if stale:
+        if self._seed_set_stale(cur, count, rotate):
             cur = {"index": 0 if cur is None else cur["index"] + 1, "seeds": self._fresh_seeds(c, n.baseline_seeds),
                    "since": count}
             self.ledger.kv_set(key, json.dumps(cur))
         return cur["index"], list(cur["seeds"])
+
+    def _seed_set_stale(self, cur: Optional[dict], count: int, rotate: bool) -> bool:
+        n = self.ws.cfg.noise
+        return cur is None or len(cur["seeds"]) != n.baseline_seeds or bool(
+            rotate and n.rotate_every and count - cur["since"] >= n.rotate_every)
+
+    def next_experiment_runs(self, c: dict) -> int:
+        """Runs the next run_experiment takes at most (read-only): the baseline's seeds first, else the
+        candidate on every seed plus the best version on the seeds of the (possibly fresh) set it lacks."""
+        k = self.ws.cfg.noise.baseline_seeds
+        if not self.ledger.baseline_samples(c["id"]):
+            return k
+        raw = self.ledger.kv_get(f"seedset:{c['id']}")
+        cur = json.loads(raw) if raw else None
+        if cur is None or self._seed_set_stale(cur, self.ledger.campaign_counts(c["id"])["experiments"], True):
+            return 2 * k
+        have = self.reference_runs(c)
+        return k + sum(1 for s in cur["seeds"] if s not in have)
 
     def _fresh_seeds(self, c: dict, k: int) -> list[int]:
         """k seeds no run of this campaign has used (experiments and replays)."""
@@ -767,7 +783,8 @@ class Engine:
                     f"on {noise.baseline_seeds} seeds); prefer changes you expect to gain at least that much.")
         return BudgetResult(**{**st.model_dump(), "reasons": reasons, "should_stop": should_stop},
                             stop_requested=stop, sigma_paired=round(sd, 6), keep_threshold=round(bar, 6),
-                            mde=round(mde, 6), runs_per_experiment=noise.baseline_seeds, next_step=nxt)
+                            mde=round(mde, 6), runs_per_experiment=noise.baseline_seeds,
+                            next_experiment_runs=self.next_experiment_runs(c), next_step=nxt)
 
     def request_stop(self, reason: str) -> None:
         """Ask the loop to stop: the next budget check says should_stop, with this reason."""

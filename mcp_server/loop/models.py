@@ -108,6 +108,9 @@ class BudgetResult(BudgetStatus):
     mde: Optional[float] = Field(None, description="smallest true gain kept with 80 % probability: changes "
                                                    "expected to gain less are not worth a run")
     runs_per_experiment: Optional[int] = None
+    next_experiment_runs: Optional[int] = Field(
+        None, description="runs the next run_experiment takes at most: the candidate on every seed of the seed "
+        "set, plus the best version on the seeds it has no run on yet (when a fresh seed set starts)")
     next_step: str
 
 
