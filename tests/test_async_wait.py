@@ -84,10 +84,10 @@ def test_wait_any_returns_decisions_made_elsewhere_and_never_blocks_on_nothing(t
         assert "nothing in flight" in res.next_step.lower(), res.next_step
         assert time.monotonic() - t0 < 5
         # decided inside submit_experiment (it settles first): the next wait() returns it
-        set_constant(ws.root / "train.py", "DEPTH", "3")
-        one = eng.submit_experiment("one block fewer")
-        set_constant(ws.root / "train.py", "DEPTH", "2")
-        two = eng.submit_experiment("two blocks fewer")        # settles `one` before it queues
+        set_constant(ws.root / "train.py", "DEPTH", "3")      # the bench has 2: both differ from the best,
+        one = eng.submit_experiment("one block more")         # whether or not `one` is kept
+        set_constant(ws.root / "train.py", "DEPTH", "4")
+        two = eng.submit_experiment("two blocks more")        # settles `one` before it queues
         got: list[int] = []
         deadline = time.monotonic() + 30
         while len(got) < 2 and time.monotonic() < deadline:
