@@ -109,15 +109,18 @@ class Engine:
         """(index, seeds) of the campaign's current seed set; with rotate=True a new one is started when
         `rotate_every` candidates ran on the current one (or baseline_seeds changed)."""
         n = self.ws.cfg.noise
-        key = f"seedset:{c['id']}"
-        raw = self.ledger.kv_get(key)
-        cur = json.loads(raw) if raw else None
+        cur = self._seed_set_record(c)
         count = self.ledger.campaign_counts(c["id"])["experiments"]
         if self._seed_set_stale(cur, count, rotate):
             cur = {"index": 0 if cur is None else cur["index"] + 1, "seeds": self._fresh_seeds(c, n.baseline_seeds),
                    "since": count}
-            self.ledger.kv_set(key, json.dumps(cur))
+            self.ledger.kv_set(f"seedset:{c['id']}", json.dumps(cur))
+        assert cur is not None
         return cur["index"], list(cur["seeds"])
+
+    def _seed_set_record(self, c: dict) -> Optional[dict]:
+        raw = self.ledger.kv_get(f"seedset:{c['id']}")
+        return json.loads(raw) if raw else None
 
     def _seed_set_stale(self, cur: Optional[dict], count: int, rotate: bool) -> bool:
         n = self.ws.cfg.noise
@@ -130,10 +133,9 @@ class Engine:
         k = self.ws.cfg.noise.baseline_seeds
         if not self.ledger.baseline_samples(c["id"]):
             return k
-        raw = self.ledger.kv_get(f"seedset:{c['id']}")
-        cur = json.loads(raw) if raw else None
+        cur = self._seed_set_record(c)
         if cur is None or self._seed_set_stale(cur, self.ledger.campaign_counts(c["id"])["experiments"], True):
-            return 2 * k
+            return 2 * k   # a fresh set: the best version has no run on any of its seeds
         have = self.reference_runs(c)
         return k + sum(1 for s in cur["seeds"] if s not in have)
 
