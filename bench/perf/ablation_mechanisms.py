@@ -181,6 +181,9 @@ def add_campaign_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--baseline-seeds", type=int, default=2)
     p.add_argument("--corpus", default="stdlib")
     p.add_argument("--out", type=Path, default=None, help="write every campaign's figures as JSON here")
+    p.add_argument("--first-repeat", type=int, default=0,
+                   help="number of the first repeat (its agent seed): two invocations with --first-repeat 0 and 4 "
+                        "run repeats 0-3 and 4-7 side by side, one core each, and --summarise pairs them")
     p.add_argument("--keep-workspaces", action="store_true")
     p.add_argument("--no-expert-first", action="store_true",
                    help="the built-in agent without its fixed opening moves (EXPERT_FIRST: the same edits in the "
@@ -189,10 +192,10 @@ def add_campaign_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_arms(tmp: Path, args, arms, campaign, runs: list, extra=None) -> None:
-    """args.repeats rounds of one campaign per arm, interleaved; figures saved after each (--out),
-    with extra(runs) (a dict: summaries so far) merged into the JSON."""
+    """args.repeats rounds of one campaign per arm, interleaved, numbered from args.first_repeat; figures
+    saved after each (--out), with extra(runs) (a dict: summaries so far) merged into the JSON."""
     try:
-        for r in range(args.repeats):
+        for r in range(args.first_repeat, args.first_repeat + args.repeats):
             for arm in arms:
                 runs.append(campaign(tmp, args, arm, r))
                 if args.out:
@@ -212,8 +215,8 @@ def main() -> int:
     p.add_argument("-n", type=int, default=10, help="experiments per campaign (after the baseline)")
     add_campaign_args(p)
     args = p.parse_args()
-    if args.repeats < 1 or args.n < 1:
-        p.error("--repeats and -n must be >= 1")
+    if args.repeats < 1 or args.n < 1 or args.first_repeat < 0:
+        p.error("--repeats and -n must be >= 1, --first-repeat >= 0")
 
     tmp = Path(tempfile.mkdtemp(prefix="loopwright-ablation-"))
     runs: list[dict] = []

@@ -181,8 +181,9 @@ def main() -> int:
     if args.summarise:
         return summarise_files(args.summarise, args.out)
     arms = [a for a in args.arms.split(",") if a]
-    if args.repeats < 1 or args.n < 1 or args.window < 2 or not set(arms) <= {a for a, _ in ARMS}:
-        p.error("--repeats and -n must be >= 1, --window >= 2, --arms from none,builtin,outer")
+    if (args.repeats < 1 or args.n < 1 or args.first_repeat < 0 or args.window < 2
+            or not set(arms) <= {a for a, _ in ARMS}):
+        p.error("--repeats and -n must be >= 1, --first-repeat >= 0, --window >= 2, --arms from none,builtin,outer")
 
     tmp = Path(tempfile.mkdtemp(prefix="loopwright-ablation-outer-"))
     # state directories under the run's own folder (removed with it), unless the caller chose a home
