@@ -6,7 +6,9 @@ One cluster for the module, booted while the workspace is made; tiny runs (a few
 small evaluation). The baseline's two runs go to both nodes at once and are identical, on the `steps` clock,
 to the local executor's on the same seed; no secret of the cluster's environment reaches train.py; a Ray
 worker killed mid-experiment gives a `lost` run, re-queued and recorded, and the ledger and git end
-consistent; an unreachable head is a clear error naming the address, with nothing recorded. (Two
+consistent; the same through Ray Client (`ray://`); a whole worker node killed mid-experiment gives the same,
+the run finishing on the node left; an unreachable head is a clear error naming the address, with nothing
+recorded. (Two
 experiments in flight, a stale one rebased and re-measured, is the engine's logic, the same on every
 executor: tests/test_executors.py runs it on the local one.)
 """
@@ -181,6 +183,62 @@ def test_campaign_on_ray_two_nodes_then_a_worker_dies(tmp_path, ws, cluster):
     assert again["status"] == "ok" and again["seed"] == lost["seed"] and again["commit_sha"] == lost["commit_sha"]
     assert [e["payload"]["experiment_id"] for e in eng.ledger.events(c["id"], kind="run_lost")] == [lost["id"]]
     assert out.verdict in ("keep", "discard") and out.status == "ok", out
+    check_consistent(eng)
+    asyncrun.close_driver(eng)
+    eng.close()
+
+
+def test_a_campaign_reaches_the_cluster_through_ray_client(ws, cluster):
+    """`executor.address = "ray://host:port"` (Ray Client, the way a laptop drives a remote cluster): the
+    candidate's runs go through the head's client server to the cluster's nodes and are recorded as usual."""
+    address = f"ray://127.0.0.1:{cluster.client_port}"
+    configure(ws.root, **{"executor.kind": '"ray"', "executor.address": f'"{address}"', "executor.parallel": "2"})
+    eng = Engine(ws.root)
+    set_constant(ws.root / "train.py", "LR", "0.003")
+    sub = eng.submit_experiment("learning rate through ray client")
+    res = eng.wait([sub.experiment_id], timeout=300)
+    out = res.results[0]
+    assert not res.timed_out and out.state == "decided" and out.status == "ok", res
+    ok = [row for row in (eng.ledger.experiment(r) for r in sub.runs) if row["status"] == "ok"]
+    assert ok and all(json.loads(r["metrics_json"])["worker"].startswith("ray:") for r in ok), ok
+    check_consistent(eng)
+    asyncrun.close_driver(eng)
+    eng.close()
+
+
+def test_a_whole_node_dies_mid_experiment(ws, cluster):
+    """The worker node's raylet and everything under it SIGKILLed while it runs one of a candidate's runs
+    (what a machine that loses power looks like to Ray): the run is `lost`, re-queued once, and finishes on
+    the node that is left; ledger and git consistent. Last in the module: the cluster has one node after it."""
+    configure(ws.root, **{"executor.kind": '"ray"', "executor.address": f'"{cluster.address}"',
+                          "executor.parallel": "2"})
+    eng = Engine(ws.root)
+    set_constant(ws.root / "train.py", "LR", "0.005")
+    sub = eng.submit_experiment("learning rate while a node dies")
+    node_pgid = cluster.pgids[1]        # the worker node's `ray start` process group (pgids[0] is the head)
+    deadline, victims = time.monotonic() + 120, []
+    while not victims and time.monotonic() < deadline:
+        victims = _busy_ray_workers([node_pgid])
+        time.sleep(0.1)
+    assert victims, "no Ray worker of the worker node was seen running the experiment"
+    os.killpg(node_pgid, signal.SIGKILL)
+    for pid in victims:                 # Ray gives each worker its own process group: it dies with the machine
+        try:
+            os.killpg(os.getpgid(pid), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    res = eng.wait([sub.experiment_id], timeout=600)
+    out = res.results[0]
+    assert not res.timed_out and out.state == "decided" and out.lost_runs, res
+    lost = eng.ledger.experiment(out.lost_runs[0])
+    assert lost["status"] == "lost" and "re-queued as #" in lost["reason"], lost
+    again = eng.ledger.experiment(int(lost["reason"].rsplit("#", 1)[1]))
+    assert again["status"] == "ok" and again["seed"] == lost["seed"] and again["commit_sha"] == lost["commit_sha"]
+    dead = {n["NodeID"][:12] for n in ray.nodes() if not n["Alive"]}
+    ran_on = json.loads(again["metrics_json"])["worker"].split(":")[1]
+    assert dead and ran_on not in dead, (dead, ran_on)
+    print(f"lost run recorded on {json.loads(lost['metrics_json'])['worker']!r}; dead node(s) {dead}")
+    assert out.status == "ok" and out.verdict in ("keep", "discard"), out
     check_consistent(eng)
     asyncrun.close_driver(eng)
     eng.close()

@@ -37,7 +37,7 @@ class LocalRayCluster:
     """head (no task slots unless head_cpus) + `worker_nodes` nodes of `cpus_per_node` logical CPUs."""
 
     def __init__(self, worker_nodes: int = 1, cpus_per_node: int = 1, gpus_per_node: int = 0, head_cpus: int = 0,
-                 env: Optional[dict] = None, nice: bool = True):
+                 env: Optional[dict] = None, nice: bool = True, object_store_mb: int = 256):
         if worker_nodes < 0 or cpus_per_node < 1:
             raise ValueError("worker_nodes must be >= 0 and cpus_per_node >= 1")
         self.worker_nodes, self.cpus_per_node, self.gpus_per_node = worker_nodes, cpus_per_node, gpus_per_node
@@ -45,8 +45,12 @@ class LocalRayCluster:
         # a short path: Ray's unix sockets live under it (108-byte limit)
         self.temp_dir = Path(tempfile.mkdtemp(prefix="lwray-", dir="/tmp"))
         self.port = free_port()
+        self.client_port = free_port()      # the head's Ray Client server: ray://127.0.0.1:<client_port>
         self.env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **(env or {})}
         self.nice = nice
+        # Ray's default object store is 30 % of free memory per node, in /dev/shm: five nodes on one 24 GiB
+        # machine ask for 36 GiB and the fifth raylet aborts (measured). The runs' data is a few MB.
+        self.object_store_bytes = object_store_mb * 1024 * 1024
         self.pgids: list[int] = []
         self.address: Optional[str] = None
         self.start_seconds: Optional[float] = None
@@ -57,8 +61,9 @@ class LocalRayCluster:
                 f"--runtime-env-agent-port={free_port()}", f"--metrics-export-port={free_port()}"]
 
     def _launch(self, args: list[str]) -> subprocess.Popen:
-        cmd = (["nice", "-n", "19"] if self.nice else []) + RAY + ["start", *args, "--disable-usage-stats",
-                                                                 f"--temp-dir={self.temp_dir}", *self._ports()]
+        cmd = (["nice", "-n", "19"] if self.nice else []) + RAY + [
+            "start", *args, "--disable-usage-stats", f"--temp-dir={self.temp_dir}",
+            f"--object-store-memory={self.object_store_bytes}", *self._ports()]
         proc = subprocess.Popen(cmd, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
         self.pgids.append(proc.pid)   # Ray's daemons stay in this process group
@@ -75,15 +80,14 @@ class LocalRayCluster:
         try:
             self._finish(self._launch(["--head", "--node-ip-address=127.0.0.1", f"--port={self.port}",
                                        f"--num-cpus={self.head_cpus}", "--num-gpus=0", "--include-dashboard=false",
-                                       f"--ray-client-server-port={free_port()}"]))
+                                       f"--ray-client-server-port={self.client_port}"]))
             gcs = f"127.0.0.1:{self.port}"
-            # the worker nodes all at once, while the readiness wait runs
-            workers = [self._launch([f"--address={gcs}", "--node-ip-address=127.0.0.1",
-                                     f"--num-cpus={self.cpus_per_node}", f"--num-gpus={self.gpus_per_node}"])
-                       for _ in range(self.worker_nodes)]
+            # the worker nodes one after another: started together, nodes sharing one --temp-dir race for
+            # their plasma store's socket and some raylets abort (measured: 2 of 4 with Ray 2.60)
+            for _ in range(self.worker_nodes):
+                self._finish(self._launch([f"--address={gcs}", "--node-ip-address=127.0.0.1",
+                                           f"--num-cpus={self.cpus_per_node}", f"--num-gpus={self.gpus_per_node}"]))
             self.address = self._wait_for_nodes(gcs)
-            for proc in workers:
-                self._finish(proc)
         except BaseException:
             self.stop()
             raise

@@ -37,9 +37,14 @@ PROBE_TIMEOUT_S = 5.0
 def _import_ray() -> Any:
     try:
         import ray
+        import ray._private.auto_init_hook as auto_init
     except ImportError:
         raise ExecutorError(f'executor.kind = "ray" needs the ray package, which is not installed: {INSTALL_HINT} '
                             '(or go back to this machine: `loopwright config set executor.kind local`)') from None
+    # Ray starts a private local cluster on the first API call of a process that is not connected (e.g. after
+    # the connection was shut down): the driver must fail its runs as lost instead, not run them elsewhere
+    # (measured: a ray:// driver's pump did so, and Ray wrote ~/.ray/auth_token, which then broke `ray start`)
+    auto_init.enable_auto_connect = False
     return ray
 
 
@@ -161,11 +166,12 @@ class RayExecutor:
         ready, _ = self._ray.wait(refs, num_returns=1, timeout=timeout)
         if ready:   # and whatever else is done by now
             ready, _ = self._ray.wait(refs, num_returns=len(refs), timeout=0)
-        done = {id(r) for r in ready}
+        # by the object's id, not the Python object: through Ray Client (ray://) wait() returns new ref objects
+        done = {r.hex() for r in ready}
         out = []
         for h in wanted:
             ref = self._pending[h]
-            if id(ref) not in done:
+            if ref.hex() not in done:
                 continue
             del self._pending[h]
             out.append(self._outcome(h, ref))
