@@ -25,7 +25,7 @@ import time
 import pytest
 
 ray = pytest.importorskip("ray", reason="the ray package is not installed (pip install 'loopwright[ray]')")
-
+from ray.util.client import ray as ray_client  # noqa: E402
 from test_executors import check_consistent, configure  # noqa: E402
 
 from mcp_server.executors import workcopy  # noqa: E402
@@ -234,7 +234,12 @@ def test_a_whole_node_dies_mid_experiment(ws, cluster):
     assert lost["status"] == "lost" and "re-queued as #" in lost["reason"], lost
     again = eng.ledger.experiment(int(lost["reason"].rsplit("#", 1)[1]))
     assert again["status"] == "ok" and again["seed"] == lost["seed"] and again["commit_sha"] == lost["commit_sha"]
-    dead = {n["NodeID"][:12] for n in ray.nodes() if not n["Alive"]}
+    dead: set = set()
+    deadline = time.monotonic() + 120      # the run is lost at once; the GCS declares the node dead later
+    while not dead and time.monotonic() < deadline:
+        dead = {n["NodeID"][:12] for n in ray.nodes() if not n["Alive"]}
+        time.sleep(0.5)
+    assert not ray_client.is_connected(), "the driver went on through the earlier ray:// connection"
     ran_on = json.loads(again["metrics_json"])["worker"].split(":")[1]
     assert dead and ran_on not in dead, (dead, ran_on)
     print(f"lost run recorded on {json.loads(lost['metrics_json'])['worker']!r}; dead node(s) {dead}")
