@@ -73,6 +73,22 @@ def test_missing_ray_package_is_a_clear_error(monkeypatch):
         rayexec.connect("auto")
 
 
+def test_a_driver_not_connected_to_ray_never_starts_a_cluster_of_its_own(tmp_path):
+    """Ray's auto-init would start a private local cluster on the first call of an unconnected process (and
+    write ~/.ray/auth_token): once loopwright's executor has imported ray, such a call fails instead."""
+    pytest.importorskip("ray")
+    import subprocess
+
+    code = ("from mcp_server.executors.ray import _import_ray\n"
+            "ray = _import_ray()\n"
+            "try:\n    ray.put(1)\nexcept Exception as e:\n    print('refused', type(e).__name__)\n"
+            "else:\n    print('started', ray.is_initialized())\n")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert p.stdout.startswith("refused"), (p.stdout, p.stderr[-2000:])
+    assert not (tmp_path / ".ray").exists()
+
+
 def test_lost_is_a_status_the_ledger_accepts(tmp_path):
     with Ledger(tmp_path / "state.db") as led:
         cid = led.create_campaign("t", "loopwright/t", "0" * 40)

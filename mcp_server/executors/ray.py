@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -38,16 +39,20 @@ _connected_to: Optional[str] = None       # the address this process's ray.init 
 
 
 def _import_ray() -> Any:
+    os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")    # read by Ray at import (see below)
     try:
         import ray
-        import ray._private.auto_init_hook as auto_init
     except ImportError:
         raise ExecutorError(f'executor.kind = "ray" needs the ray package, which is not installed: {INSTALL_HINT} '
                             '(or go back to this machine: `loopwright config set executor.kind local`)') from None
     # Ray starts a private local cluster on the first API call of a process that is not connected (e.g. after
     # the connection was shut down): the driver must fail its runs as lost instead, not run them elsewhere
-    # (measured: a ray:// driver's pump did so, and Ray wrote ~/.ray/auth_token, which then broke `ray start`)
-    auto_init.enable_auto_connect = False
+    # (measured: a ray:// driver's pump did so, and Ray wrote ~/.ray/auth_token, which then broke `ray start`).
+    # Ray reads RAY_ENABLE_AUTO_CONNECT once, at import; when ray was imported before, its module switch
+    # (private, Ray 2.x) is set directly.
+    auto_init = sys.modules.get("ray._private.auto_init_hook")
+    if auto_init is not None and hasattr(auto_init, "enable_auto_connect"):
+        auto_init.enable_auto_connect = False  # type: ignore[attr-defined]
     return ray
 
 
