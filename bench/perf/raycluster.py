@@ -49,7 +49,7 @@ class LocalRayCluster:
         self.env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **(env or {})}
         self.nice = nice
         # Ray's default object store is 30 % of free memory per node, in /dev/shm: five nodes on one 24 GiB
-        # machine ask for 36 GiB and the fifth raylet aborts (measured). The runs' data is a few MB.
+        # machine would ask for 36 GiB. A precaution; the runs' data is a few MB.
         self.object_store_bytes = object_store_mb * 1024 * 1024
         self.pgids: list[int] = []
         self.address: Optional[str] = None
@@ -82,8 +82,8 @@ class LocalRayCluster:
                                        f"--num-cpus={self.head_cpus}", "--num-gpus=0", "--include-dashboard=false",
                                        f"--ray-client-server-port={self.client_port}"]))
             gcs = f"127.0.0.1:{self.port}"
-            # the worker nodes one after another: started together, nodes sharing one --temp-dir race for
-            # their plasma store's socket and some raylets abort (measured: 2 of 4 with Ray 2.60)
+            # the worker nodes one after another: started together (sharing one --temp-dir), 2 of 4 raylets
+            # aborted while their object store started (measured, Ray 2.60)
             for _ in range(self.worker_nodes):
                 self._finish(self._launch([f"--address={gcs}", "--node-ip-address=127.0.0.1",
                                            f"--num-cpus={self.cpus_per_node}", f"--num-gpus={self.gpus_per_node}"]))
