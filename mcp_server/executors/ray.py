@@ -100,22 +100,22 @@ def connect(address: str) -> Any:
     # Ray Client's head spawns a server process per client; that spawn can fail once under load (measured: in
     # the full test suite its process was gone before the proxy checked it): a second try, then the error
     attempts = CLIENT_CONNECT_ATTEMPTS if address.startswith("ray://") else 1
-    err: Exception = RuntimeError("no attempt")
     for attempt in range(1, attempts + 1):
         try:
             ray.init(**kwargs)
             _connected_to = address
             return ray
         except ConnectionAbortedError as e:     # Ray Client: "Initialization failure from server"
-            err = e
             if attempt < attempts:
                 time.sleep(1.0)
+                continue
+            err: Exception = e
         except Exception as e:  # noqa: BLE001 - ConnectionError, RuntimeError, ...: all mean the same to the user
             err = e
-            break
-    raise ExecutorError(f"cannot connect to the Ray cluster at {address}: {type(err).__name__}: {err}. Check that "
-                        "the cluster is up (`ray status --address ...`) and that this machine runs the same Ray "
-                        "and Python versions. Nothing was run or recorded.") from None
+        raise ExecutorError(f"cannot connect to the Ray cluster at {address}: {type(err).__name__}: {err}. Check "
+                            "that the cluster is up (`ray status --address ...`) and that this machine runs the "
+                            "same Ray and Python versions. Nothing was run or recorded.") from None
+    raise AssertionError("unreachable")
 
 
 def _cache_root() -> Path:
