@@ -14,6 +14,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -184,6 +185,59 @@ def test_hidden_data_and_the_ledger_are_invisible(box):
     assert out.pop("train") == "train.bin content\n"            # the training split is there
     assert out.pop("listing") == ["meta.json", "train.bin"]
     assert all(v.startswith("ERR") for v in out.values()), out
+
+
+@needs_bwrap
+@pytest.mark.parametrize("corpus_kind", ["folder", "file"])
+def test_train_py_reads_neither_other_workspaces_state_nor_the_corpus(tmp_path, monkeypatch, corpus_kind):
+    """Red team, 2026-12-01: with the state home on a disk the default masks do not cover (here: /tmp
+    unmasked), train.py read another workspace's val/test/ledger, and a corpus given as a PATH is
+    the held-out text itself. Both must be invisible to the training sandbox."""
+    masks = sandbox.default_masks
+    tmp_root = os.path.realpath(tmp_path).split(os.sep)[1]
+    monkeypatch.setattr(sandbox, "default_masks",
+                        lambda home=None: [m for m in masks(home) if m.split(os.sep)[1] != tmp_root])
+    home = tmp_path / "lwhome" / "workspaces"
+    mine, other = home / "ws-a", home / "ws-b"
+    for st in (mine, other):
+        (st / "data").mkdir(parents=True)
+        (st / "data" / "val.bin").write_text(f"VAL OF {st.name}\n")
+        (st / "state.db").write_text(f"LEDGER OF {st.name}\n")
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "doc.txt").write_text("HELD-OUT TEXT\n")
+    if corpus_kind == "file":
+        corpus = corpus / "doc.txt"
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "train.py").write_text("x = 1\n")
+    view = mine / "train-view"
+    view.mkdir()
+    (view / "train.bin").write_text("TRAIN\n")
+    wsobj = SimpleNamespace(root=ws, state_dir=mine, workspace_data_dir=ws / ".loopwright" / "data",
+                            cfg=SimpleNamespace(benchmark=SimpleNamespace(corpus=str(corpus))))
+    targets = [str(other / "data" / "val.bin"), str(other / "state.db"), str(mine / "state.db"),
+               str(tmp_path / "corpus" / "doc.txt")]
+    script = tmp_path / "probe.py"
+    script.write_text(textwrap.dedent(f"""
+        import json
+        out = {{}}
+        for p in {targets!r}:
+            try:
+                out[p] = open(p).read()
+            except OSError as e:
+                out[p] = "ERR " + type(e).__name__
+        out["train"] = open({str(ws / ".loopwright" / "data" / "train.bin")!r}).read()
+        print(json.dumps(out))
+    """))
+    cmd = sandbox.training_command(wsobj, [sys.executable, str(script)], view=view, scratch=tmp_path / "scratch",
+                                   env={"PATH": os.environ.get("PATH", "")})
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env={"PATH": os.environ.get("PATH", "")})
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out.pop("train") == "TRAIN\n"                       # the sandbox works, the train view is there
+    leaked = {p: v for p, v in out.items() if v and not v.startswith("ERR")}
+    assert not leaked, f"train.py read {leaked}"
 
 
 @needs_bwrap

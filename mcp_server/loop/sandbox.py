@@ -258,7 +258,8 @@ def build_command(argv: Sequence[str], *, mode: Literal["train", "eval"] = "trai
     """The sandboxed command line for `argv`.
 
     workspace: exposed read-only, entry by entry, except the entries in `hide` below it (the state
-        dir when it lives there); `hide` paths elsewhere are masked with an empty tmpfs.
+        dir when it lives there); `hide` paths elsewhere are masked with an empty tmpfs (a
+        file: with an empty file).
     ro_binds / rw_binds: directories exposed read-only / writable at the same path.
     scratch: the writable directory (created on the host if missing).
     files: {destination in the sandbox: host source} bound read-only (e.g. train.bin where
@@ -305,6 +306,9 @@ def build_command(argv: Sequence[str], *, mode: Literal["train", "eval"] = "trai
                 ops.append((depth(src), 1, ["--symlink", os.readlink(src), src]))
             else:
                 ops.append((depth(src), 1, ["--ro-bind", src, src]))
+    for h in hide_real:   # a hidden file (a corpus file): an empty file in its place
+        if os.path.isfile(h) and not any(_under(h, m) for m in masks):
+            ops.append((depth(h), 5, ["--ro-bind", "/dev/null", h]))
     writable = [_real(p) for p in rw_binds]
     if scratch is not None:
         Path(scratch).mkdir(parents=True, exist_ok=True)
@@ -478,6 +482,19 @@ def _prepare_data_mount(ws) -> Path:
     return Path(getattr(ws, "workspace_data_dir", None) or Path(ws.root) / ".loopwright" / "data")
 
 
+NAMED_CORPORA = ("stdlib", "tinystories", "climbmix")
+
+
+def corpus_sources(ws) -> list[Path]:
+    """The workspace's corpus on disk when it is a PATH (the named ones are downloaded into the hidden
+    state dir, except stdlib, which no sandbox that runs Python can hide: see the README)."""
+    corpus = str(getattr(getattr(getattr(ws, "cfg", None), "benchmark", None), "corpus", "") or "")
+    if not corpus or corpus in NAMED_CORPORA:
+        return []
+    path = Path(corpus).expanduser()
+    return [path] + ([path.resolve()] if path.resolve() != path.absolute() else [])
+
+
 def training_command(ws, argv: Sequence[str], *, view: os.PathLike | str, scratch: os.PathLike | str,
                      env: Mapping[str, str], info: Optional[SandboxInfo] = None) -> list[str]:
     """train.py's sandbox: the workspace read-only (its .loopwright/ replaced by the train view's files
@@ -485,7 +502,10 @@ def training_command(ws, argv: Sequence[str], *, view: os.PathLike | str, scratc
     mount = _prepare_data_mount(ws)
     files = {str(mount / p.name): p for p in sorted(Path(view).iterdir())
              if p.is_file() and not p.is_symlink() and not p.name.startswith(".")}
-    hide = [ws.state_dir, Path(ws.root) / ".loopwright", mount.parent]
+    # every workspace's state (another workspace on the same corpus holds the same val/test text), and
+    # the corpus the splits were cut from: held-out text train.py can read is a score it can forge
+    hide = [ws.state_dir, Path(ws.state_dir).parent, Path(ws.root) / ".loopwright", mount.parent,
+            *corpus_sources(ws)]
     return build_command(argv, mode="train", workspace=ws.root, hide=hide, scratch=scratch, files=files,
                          env=env, cwd=ws.root, info=info)
 
