@@ -11,6 +11,7 @@ import stat
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import tomllib
@@ -18,6 +19,7 @@ import tomllib
 from mcp_server.loop import gitops, integrity
 from mcp_server.loop import settings as setmod
 from mcp_server.loop.engine import Engine, LoopError
+from mcp_server.loop.setup import init_workspace
 from mcp_server.loop.workspace import ID_NAME, StateDirError, Workspace, WorkspaceError, state_home
 
 from conftest import alive, make_workspace
@@ -172,6 +174,18 @@ def test_init_refuses_a_state_home_inside_the_workspace(tmp_path, small_corpus, 
     with pytest.raises(StateDirError, match="inside the workspace"):
         make_workspace(root, small_corpus)
     assert not (root / "state").exists() or not any((root / "state").rglob("state.db"))
+
+
+def test_init_refuses_a_corpus_inside_the_workspace(tmp_path, small_corpus):
+    """The agent reads and edits the workspace: a corpus there is held-out text in its hands."""
+    root = tmp_path / "w"
+    inside = root / "texts"
+    inside.mkdir(parents=True)
+    for f in Path(small_corpus).iterdir():
+        (inside / f.name).write_bytes(f.read_bytes())
+    with pytest.raises(WorkspaceError, match="inside the workspace"):
+        init_workspace(root, corpus=str(inside), force=True)
+    assert not (root / "loopwright.toml").exists()
 
 
 def test_old_layout_gives_the_command_then_migrates_every_row(ws_factory):

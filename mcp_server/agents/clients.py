@@ -102,7 +102,8 @@ def claude_sandbox(root: Path, state_dir: Optional[Path], editable: Iterable[str
     deny_read = []
     if state_dir is not None:
         deny_write.insert(0, str(state_dir))
-        deny_read.append(str(state_dir))
+        # its own state, and every other workspace's (the same corpus gives the same val/test text)
+        deny_read += [str(state_dir), str(Path(state_dir).parent)]
     scratch_dir(state_dir).mkdir(mode=0o700, exist_ok=True)
     return {"enabled": True, "failIfUnavailable": True, "allowUnsandboxedCommands": False,
             "filesystem": {"allowWrite": [str(root / p) for p in editable] + [str(scratch_dir(state_dir))],

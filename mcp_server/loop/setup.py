@@ -89,6 +89,10 @@ def init_workspace(directory: Path | str, tag: str = "main", corpus: str = "stdl
             raise WorkspaceError(f"--corpus {corpus!r}: no such file or folder; use stdlib, tinystories, climbmix "
                                  "or a path to text files")
         corpus = str(Path(corpus).expanduser().resolve())
+        if Path(corpus) == root or root in Path(corpus).parents or Path(corpus) in root.parents:
+            raise WorkspaceError(f"--corpus {corpus} is inside the workspace {root} (or contains it): the agent "
+                                 "edits and reads the workspace, and its val/test text must stay out of reach; "
+                                 "keep the corpus in a folder of its own, outside the workspace")
     fresh = not root.exists() or not any(root.iterdir())
     if not fresh:
         if (root / ".git").exists() and not force:
