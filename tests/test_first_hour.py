@@ -333,6 +333,7 @@ def test_doctor_green_for_one_wiring_and_red_for_a_double(tmp_path, small_corpus
     assert "✔ Claude Code: wired by the workspace's own files" in r.stdout
     assert "✔ Claude Code sandbox on" in r.stdout and "✔ Codex sandbox_mode = 'workspace-write'" in r.stdout
     assert "wired twice" not in r.stdout
+    assert f"✔ corpus {small_corpus}: held-out text out of train.py's reach" in r.stdout
     # the README's old double wiring: the plugin installed on top of the workspace's files
     (tmp_path / "cc" / "plugins").mkdir(parents=True)
     (tmp_path / "cc" / "plugins" / "installed_plugins.json").write_text(json.dumps(
@@ -352,3 +353,17 @@ def test_doctor_green_for_one_wiring_and_red_for_a_double(tmp_path, small_corpus
     r = subprocess.run(doctor[:-1] + [str(ws2)], capture_output=True, text=True, env=env, timeout=300)
     assert "✔ Claude Code: loopwright plugin installed" in r.stdout and "wired twice" not in r.stdout
     assert "✔ Claude Code sandbox on" in r.stdout
+
+
+def test_init_and_doctor_say_the_stdlib_corpus_cannot_stop_a_memorising_train_py(tmp_path):
+    """Red team, 2026-12-01: val/test of the stdlib corpus were rebuilt inside the sandbox from the
+    interpreter's own sources and memorised (a forged keep). No sandbox that runs Python hides them; a
+    user must hear it where the corpus is chosen, and again from doctor."""
+    cli = [sys.executable, "-m", "mcp_server.cli"]
+    r = subprocess.run([*cli, "init", str(tmp_path / "ws")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "note: the stdlib corpus is for trying loopwright" in r.stdout and "--corpus PATH" in r.stdout
+    r = subprocess.run([*cli, "doctor", "--skip-server", "-w", str(tmp_path / "ws")], capture_output=True,
+                       text=True, timeout=300)
+    assert "corpus stdlib: held-out text readable on this machine" in r.stdout
+    assert "memorise them" in r.stdout

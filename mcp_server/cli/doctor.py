@@ -38,6 +38,12 @@ def _workspace_checks(start: Optional[str]) -> tuple[list[Check], Optional[Path]
     except (WorkspaceError, ConfigError) as e:
         return [Check(False, f"workspace: {e}", "run `loopwright init DIR` (or pass --workspace DIR)")], None
     out.append(Check(True, f"workspace {ws.root} (config valid)"))
+    from mcp_server.loop.sandbox import PUBLIC_CORPUS_NOTE, corpus_is_public
+
+    corpus = ws.cfg.benchmark.corpus
+    out.append(Check(True, f"corpus {corpus}" + (": held-out text readable on this machine" if corpus_is_public(corpus)
+                                                 else ": held-out text out of train.py's reach"),
+                     hint=PUBLIC_CORPUS_NOTE if corpus_is_public(corpus) else ""))
     try:
         eng = Engine(ws.root, recover=False)
     except Exception as e:  # noqa: BLE001

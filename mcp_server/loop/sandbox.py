@@ -485,6 +485,17 @@ def _prepare_data_mount(ws) -> Path:
 NAMED_CORPORA = ("stdlib", "tinystories", "climbmix")
 
 
+PUBLIC_CORPUS_NOTE = (
+    "the stdlib corpus is for trying loopwright: its val/test text is the Python standard library, which every "
+    "Python on this machine can read, so a train.py could rebuild the held-out splits and memorise them. Keeps "
+    "on it are no proof against an agent you do not trust; for those campaigns use a corpus train.py cannot "
+    "read (`--corpus tinystories`, or `--corpus PATH` with your own text: hidden from train.py's sandbox)")
+
+
+def corpus_is_public(corpus: str) -> bool:
+    return corpus == "stdlib"
+
+
 def corpus_sources(ws) -> list[Path]:
     """The workspace's corpus on disk when it is a PATH (the named ones are downloaded into the hidden
     state dir, except stdlib, which no sandbox that runs Python can hide: see the README)."""

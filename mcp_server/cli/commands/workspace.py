@@ -39,6 +39,10 @@ def init(args) -> int:
     print("wiring: " + ", ".join(f"{c} via " + ("the installed plugin" if w == "plugin" else "the workspace's files")
                                  for c, w in (("Claude Code", wiring["claude"]), ("Codex", wiring["codex"])))
           + " (`loopwright wiring` checks it; install a plugin before init)")
+    from mcp_server.loop.sandbox import PUBLIC_CORPUS_NOTE, corpus_is_public
+
+    if corpus_is_public(ws.cfg.benchmark.corpus):
+        print(f"note: {PUBLIC_CORPUS_NOTE}")
     print(f"next: `loopwright serve --workspace {ws.root}` for an agent, or "
           f"`loopwright run --agent builtin --workspace {ws.root}`")
     return 0
