@@ -60,8 +60,17 @@ def test_claude_sandbox_is_on_with_no_escape_and_the_state_dir_out_of_reach():
     assert fs["allowWrite"] == ["/ws/train.py", str(clients.scratch_dir(STATE))]
     assert not clients.scratch_dir(STATE).is_relative_to("/ws") and clients.scratch_dir(STATE).name.endswith("ws-abc")
     assert str(STATE) in fs["denyWrite"] and str(STATE) in fs["denyRead"]
+    assert str(STATE.parent) in fs["denyRead"]                 # every other workspace's state too
     assert {"/ws/prepare.py", "/ws/.git", "/ws/loopwright.toml", "/ws/.loopwright/workspace-id"} <= set(fs["denyWrite"])
     assert tomllib.loads(files[".codex/config.toml"])["sandbox_workspace_write"]["network_access"] is False
+
+
+def test_a_corpus_on_disk_is_out_of_the_agents_shell_reach_and_a_named_one_adds_nothing():
+    mine = client_configs(Path("/ws"), "/usr/bin/python3", STATE, corpus="/data/texts")
+    assert "/data/texts" in json.loads(mine[".claude/settings.json"])["sandbox"]["filesystem"]["denyRead"]
+    named = client_configs(Path("/ws"), "/usr/bin/python3", STATE, corpus="tinystories")
+    assert json.loads(named[".claude/settings.json"])["sandbox"]["filesystem"]["denyRead"] == [str(STATE),
+                                                                                              str(STATE.parent)]
 
 
 def test_launcher_overrides_carry_the_sandbox_server_and_hooks():

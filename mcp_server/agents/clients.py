@@ -93,10 +93,11 @@ def mcp_json(python: str, root: Path) -> dict:
 
 
 # -- the clients' own sandboxes ---------------------------------------------------------------------
-def claude_sandbox(root: Path, state_dir: Optional[Path], editable: Iterable[str] = ("train.py",)) -> dict:
+def claude_sandbox(root: Path, state_dir: Optional[Path], editable: Iterable[str] = ("train.py",),
+                   private: Iterable[str] = ()) -> dict:
     """Claude Code's sandbox for the agent's Bash commands: on, no fallback to running unsandboxed, writes
     only to the editable files and the scratch dir (the rest of the workspace is denied), and the loop's
-    state dir neither writable nor readable."""
+    state dir neither writable nor readable, nor the `private` paths (a corpus on disk)."""
     root = Path(root)
     deny_write = [str(root / p) for p in FROZEN_WORKSPACE_FILES]
     deny_read = []
@@ -104,6 +105,7 @@ def claude_sandbox(root: Path, state_dir: Optional[Path], editable: Iterable[str
         deny_write.insert(0, str(state_dir))
         # its own state, and every other workspace's (the same corpus gives the same val/test text)
         deny_read += [str(state_dir), str(Path(state_dir).parent)]
+    deny_read += [str(p) for p in private]
     scratch_dir(state_dir).mkdir(mode=0o700, exist_ok=True)
     return {"enabled": True, "failIfUnavailable": True, "allowUnsandboxedCommands": False,
             "filesystem": {"allowWrite": [str(root / p) for p in editable] + [str(scratch_dir(state_dir))],
@@ -111,12 +113,12 @@ def claude_sandbox(root: Path, state_dir: Optional[Path], editable: Iterable[str
 
 
 def claude_settings(python: str, root: Path, state_dir: Optional[Path], wiring: str,
-                    editable: Iterable[str] = ("train.py",)) -> dict:
+                    editable: Iterable[str] = ("train.py",), private: Iterable[str] = ()) -> dict:
     """.claude/settings.json: the sandbox always; the hooks only when the workspace is wired itself."""
     out: dict[str, Any] = {}
     if wiring == "workspace":
         out["hooks"] = hook_groups(guard_command(python))
-    out["sandbox"] = claude_sandbox(root, state_dir, editable)
+    out["sandbox"] = claude_sandbox(root, state_dir, editable, private)
     return out
 
 
@@ -256,12 +258,15 @@ def resolve_wiring(wiring: str, env: Optional[Mapping[str, str]] = None) -> dict
 
 
 def workspace_files(root: Path, python: str, state_dir: Optional[Path] = None, wiring: str | Mapping[str, str] = "workspace",
-                    editable: Iterable[str] = ("train.py",), env: Optional[Mapping[str, str]] = None) -> dict[str, str]:
+                    editable: Iterable[str] = ("train.py",), env: Optional[Mapping[str, str]] = None,
+                    private: Iterable[str] = ()) -> dict[str, str]:
     """The client files `loopwright init` writes into a workspace, for the chosen wiring. With the plugin
-    wiring there is no .mcp.json and no hooks (the plugin brings them), only the sandbox settings."""
+    wiring there is no .mcp.json and no hooks (the plugin brings them), only the sandbox settings.
+    `private`: paths the agent's shell must not read (a corpus on disk)."""
     chosen = resolve_wiring(wiring, env) if isinstance(wiring, str) else dict(wiring)
     root = Path(root)
-    files = {".claude/settings.json": json.dumps(claude_settings(python, root, state_dir, chosen["claude"], editable),
+    files = {".claude/settings.json": json.dumps(claude_settings(python, root, state_dir, chosen["claude"], editable,
+                                                                      private),
                                                  indent=2) + "\n",
              ".codex/config.toml": codex_config_toml(python, root, chosen["codex"]),
              WIRING_FILE: json.dumps(chosen, indent=2, sort_keys=True) + "\n"}

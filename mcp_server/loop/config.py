@@ -63,6 +63,9 @@ class CampaignConfig(_Section):
 CPU_WALL_FACTOR = 4.0   # = bench/gpt/prepare.py's: cpu/steps clocks get this many budgets of wall clock
 
 
+NAMED_CORPORA = ("stdlib", "tinystories", "climbmix")   # anything else is a PATH to the user's text
+
+
 class BenchmarkConfig(_Section):
     time_budget: float = Field(default=30.0, gt=0, le=24 * 3600, description="training seconds per experiment")
     grace_seconds: float = Field(default=60.0, ge=0, description="startup/export/eval allowance before the hard kill")

@@ -482,9 +482,6 @@ def _prepare_data_mount(ws) -> Path:
     return Path(getattr(ws, "workspace_data_dir", None) or Path(ws.root) / ".loopwright" / "data")
 
 
-NAMED_CORPORA = ("stdlib", "tinystories", "climbmix")
-
-
 PUBLIC_CORPUS_NOTE = (
     "the stdlib corpus is for trying loopwright: its val/test text is the Python standard library, which every "
     "Python on this machine can read, so a train.py could rebuild the held-out splits and memorise them. Keeps "
@@ -499,6 +496,8 @@ def corpus_is_public(corpus: str) -> bool:
 def corpus_sources(ws) -> list[Path]:
     """The workspace's corpus on disk when it is a PATH (the named ones are downloaded into the hidden
     state dir, except stdlib, which no sandbox that runs Python can hide: see the README)."""
+    from mcp_server.loop.config import NAMED_CORPORA
+
     corpus = str(getattr(getattr(getattr(ws, "cfg", None), "benchmark", None), "corpus", "") or "")
     if not corpus or corpus in NAMED_CORPORA:
         return []

@@ -57,11 +57,13 @@ def agent_pointer(kind: str) -> str:
 
 
 def client_configs(root: Path, python: str, state_dir: Optional[Path] = None,
-                   wiring: str | Mapping[str, str] = "workspace") -> dict[str, str]:
-    """The client files a workspace carries for `wiring` (agents/clients.py is their one home)."""
+                   wiring: str | Mapping[str, str] = "workspace", corpus: str = "stdlib") -> dict[str, str]:
+    """The client files a workspace carries for `wiring` (agents/clients.py is their one home); a corpus
+    on disk is kept from the agent's shell like the state dir."""
     from mcp_server.agents import clients
 
-    return clients.workspace_files(root, python, state_dir, wiring)
+    private = [] if corpus in cfgmod.NAMED_CORPORA else [corpus]
+    return clients.workspace_files(root, python, state_dir, wiring, private=private)
 
 
 def init_workspace(directory: Path | str, tag: str = "main", corpus: str = "stdlib",
@@ -84,7 +86,7 @@ def init_workspace(directory: Path | str, tag: str = "main", corpus: str = "stdl
     missing = [f for f in BENCH_FILES if not (src / f).is_file()]
     if missing:
         raise WorkspaceError(f"benchmark folder {src} lacks {', '.join(missing)}")
-    if corpus not in ("stdlib", "tinystories", "climbmix"):
+    if corpus not in cfgmod.NAMED_CORPORA:
         if not Path(corpus).expanduser().exists():
             raise WorkspaceError(f"--corpus {corpus!r}: no such file or folder; use stdlib, tinystories, climbmix "
                                  "or a path to text files")
@@ -174,7 +176,7 @@ def _create_in(root: Path, state: Path, wid: str, src: Path, tag: str, corpus: s
     _write(root / cfgmod.CONFIG_NAME, _config_header() + cfgmod.dump_config(cfg))
     _write(root / "AGENTS.md", agent_pointer("codex"))
     _write(root / "CLAUDE.md", agent_pointer("claude"))
-    for rel, text in client_configs(root, sys.executable, state, wiring).items():
+    for rel, text in client_configs(root, sys.executable, state, wiring, corpus).items():
         _write(root / rel, text)
     gitignore = root / ".gitignore"
     lines = gitignore.read_text().splitlines() if gitignore.exists() else []
