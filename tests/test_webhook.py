@@ -36,10 +36,10 @@ def env(tmp_path):
     ledger = Ledger(tmp_path / "state.db")
     sessions = Sessions()
 
-    def make(secrets=SECRETS, **webhook):
+    def make(secrets=SECRETS, preflight=None, start=None, **webhook):
         cfg = LoopwrightConfig(webhook=WebhookConfig(**webhook))
-        app = create_app(cfg, sessions, ledger=ledger, clock=lambda: NOW, state_dir=tmp_path, env=secrets,
-                         status_text=lambda: "campaign main: 7 experiments")
+        app = create_app(cfg, start or sessions, ledger=ledger, clock=lambda: NOW, state_dir=tmp_path, env=secrets,
+                         status_text=lambda: "campaign main: 7 experiments", preflight=preflight)
         return TestClient(app), app
 
     client, app = make()
@@ -249,6 +249,36 @@ def test_generic_hook(env):
     started(env, 1)
 
 
+def test_a_start_that_cannot_start_is_refused_and_a_redelivery_after_the_fix_starts(env):
+    """New-user trial: `claude` missing, the receiver still answered 202 "started" and then remembered the
+    delivery id, so the sender's retry after the fix was a "duplicate" that never started anything."""
+    problem = ["cannot start a claude session: `claude` is not on PATH"]
+    client, app = env.make(preflight=lambda: problem[0] if problem else None)
+    r = hook_post(client)
+    assert r.status_code == 503 and "`claude` is not on PATH" in r.json()["error"]
+    assert slack_post(client, "start").json()["text"].startswith("Not done: not starting a session: cannot start")
+    assert not env.sessions.calls
+    problem.clear()                                             # the client installed
+    assert hook_post(client).status_code == 202                 # the same delivery id: now it starts
+    assert app.state.runner.wait(5) and len(env.sessions.calls) == 1
+
+
+def test_a_session_the_launcher_refuses_frees_its_delivery_id(env):
+    from mcp_server.agents.launch import LaunchError
+
+    refusals = []
+
+    def refuse(detail):
+        refusals.append(detail)
+        raise LaunchError("budget spent")
+
+    client, app = env.make(start=refuse)
+    assert hook_post(client).status_code == 202                 # accepted: the refusal comes in the thread
+    assert app.state.runner.wait(5) and len(refusals) == 1
+    assert hook_post(client).status_code == 202                 # not a duplicate: it is tried again
+    assert app.state.runner.wait(5) and len(refusals) == 2
+
+
 def test_healthz(env):
     assert env.client.get("/healthz").json() == {"ok": True, "session_running": False}
 
@@ -288,3 +318,20 @@ def test_jira_payload_of_the_wrong_shape_is_a_400_with_the_field(env, payload, f
     assert r.status_code == 400, r.text
     assert f"payload field '{field}' must be an object" in r.json()["error"]
     assert env.sessions.calls == []
+
+
+def test_the_default_preflight_names_a_missing_client_and_a_spent_budget(tmp_path, small_corpus, monkeypatch):
+    from mcp_server.triggers.webhook import default_preflight
+
+    from conftest import make_workspace
+
+    ws = make_workspace(tmp_path / "ws", small_corpus)
+    monkeypatch.setenv("LOOPWRIGHT_CLAUDE_BIN", str(tmp_path / "no-bin" / "claude"))
+    problem = default_preflight(ws.root, ws.cfg)()               # [webhook] agent = claude (the default)
+    assert problem and "LOOPWRIGHT_CLAUDE_BIN" in problem and "not an executable file" in problem
+    builtin = ws.cfg.model_copy(update={"webhook": ws.cfg.webhook.model_copy(update={"agent": "builtin"})})
+    assert default_preflight(ws.root, builtin)() is None
+    with Ledger(ws.state_dir / "state.db") as led:
+        led.request_stop("enough for today")
+    problem = default_preflight(ws.root, builtin)()
+    assert problem and "budget says stop" in problem and "enough for today" in problem

@@ -19,7 +19,7 @@ session lock shared with `loopwright cron`: at most one session at a time. A sta
 while one runs gets 409 {"status": "busy"} (Slack: a 200 reply saying so) and its
 delivery id is forgotten, so the sender's redelivery can start it later.
 Duplicate delivery ids get 200 {"status": "duplicate"} and do nothing; seen ids
-are kept for 30 days in .loopwright/webhook.db, so a restart does not forget them.
+are kept for 30 days in the state directory's webhook.db, so a restart does not forget them.
 
 A stop request is `ledger.request_stop(reason)`: the loop honours it
 at its next budget check.
@@ -67,14 +67,22 @@ class SessionRunner:
         self.start_session, self.lock = start_session, lock
         self.thread: Optional[threading.Thread] = None
 
-    def try_start(self, detail: str) -> bool:
+    def try_start(self, detail: str, on_refused: Optional[Callable[[], None]] = None) -> bool:
+        """Start a session in the background; `on_refused` runs when the launcher refused to start one
+        (nothing recorded: budget spent, client missing), so a redelivery may try again."""
         held = self.lock.try_acquire()
         if held is None:
             return False
 
         def run() -> None:
+            from mcp_server.agents.launch import LaunchError
+
             try:
                 self.start_session(detail)
+            except LaunchError as e:
+                log.error("session (%s) not started: %s", detail, e)
+                if on_refused is not None:
+                    on_refused()
             except Exception:
                 log.exception("session (%s) failed", detail)
             finally:
@@ -150,16 +158,19 @@ def _default_status(ledger) -> str:
 
 def create_app(root_or_cfg, start_session: Optional[StartSession] = None, ledger=None,  # noqa: C901 - routes as closures
                clock: Callable[[], float] = time.time, *, status_text: Optional[Callable[[], str]] = None,
-               state_dir: Path | str | None = None, env: Optional[Mapping[str, str]] = None) -> Starlette:
+               state_dir: Path | str | None = None, env: Optional[Mapping[str, str]] = None,
+               preflight: Optional[Callable[[], Optional[str]]] = None) -> Starlette:
     """The receiver. `root_or_cfg` is a workspace root (config, ledger and state dir from it) or a
-    LoopwrightConfig (then pass `ledger` and/or `state_dir`; without either, seen ids live in memory)."""
+    LoopwrightConfig (then pass `ledger` and/or `state_dir`; without either, seen ids live in memory).
+    `preflight` says why no session could start now (None: it can), before a start is answered."""
     if isinstance(root_or_cfg, (str, Path)):
         from mcp_server.loop.workspace import Workspace
 
         ws = Workspace.open(root_or_cfg)
         cfg, state_dir = ws.cfg, state_dir or ws.state_dir
         ledger = ledger if ledger is not None else ws.ledger()
-        start_session = start_session or default_starter(ws.root, cfg)
+        if start_session is None:
+            start_session, preflight = default_starter(ws.root, cfg), preflight or default_preflight(ws.root, cfg)
         ws_root = ws.root   # approvals (Slack buttons, Jira /approve) need the workspace
     else:
         cfg, ws_root = root_or_cfg, None
@@ -218,7 +229,11 @@ def create_app(root_or_cfg, start_session: Optional[StartSession] = None, ledger
             ledger.request_stop(text)
             log.info("stop requested: %s", text)
             return "stop requested"
-        if not runner.try_start(text):
+        problem = preflight() if preflight is not None else None
+        if problem:
+            seen.forget(source, delivery_id)   # a redelivery after the fix may start it
+            raise Reject(503, f"not starting a session: {problem}")
+        if not runner.try_start(text, on_refused=lambda: seen.forget(source, delivery_id)):
             seen.forget(source, delivery_id)   # let a redelivery start it once the session ends
             return "busy"
         log.info("session started: %s", text)
@@ -283,8 +298,11 @@ def create_app(root_or_cfg, start_session: Optional[StartSession] = None, ledger
         if cmd not in ("start", "stop"):
             return reply("usage: /loopwright start | status | stop [reason]")
         # Slack sends no delivery id; the signature (which covers the timestamp) names the request
-        outcome = act("slack", sig, cmd, f"slack /loopwright start by {who}" if cmd == "start"
-                      else arg or f"requested by {who} on Slack")
+        try:
+            outcome = act("slack", sig, cmd, f"slack /loopwright start by {who}" if cmd == "start"
+                          else arg or f"requested by {who} on Slack")
+        except Reject as e:
+            return reply(f"Not done: {e}")
         return reply({"started": "Starting a loopwright session.",
                       "busy": "A session is already running; not starting another.",
                       "stop requested": "Stop requested: the loop stops at its next budget check.",
@@ -401,6 +419,31 @@ def _json_body(body: bytes, content_type: str) -> dict:
     if not isinstance(data, dict):
         raise Reject(400, "JSON payload must be an object")
     return data
+
+
+def default_preflight(root: Path | str, cfg) -> Callable[[], Optional[str]]:
+    """What the launcher would refuse before starting (client binary missing, budget spent), checked
+    while the request waits, so the answer is not "started" for a session that cannot start."""
+    def check() -> Optional[str]:
+        from mcp_server.agents.launch import LaunchError, client_env, find_client
+        from mcp_server.loop.engine import Engine
+
+        agent = cfg.webhook.agent
+        if agent in ("claude", "codex"):
+            try:
+                find_client(agent, client_env(0, Path(root)))
+            except LaunchError as e:
+                return str(e)
+        eng = Engine(Path(root), recover=False)
+        try:
+            budget = eng.budget()
+        finally:
+            eng.close()
+        if budget.should_stop:
+            return (f"the campaign budget says stop ({'; '.join(budget.reasons)}); raise it with `loopwright config "
+                    "set budget.<key> VALUE` or clear a stop request with `loopwright stop --clear`")
+        return None
+    return check
 
 
 def default_starter(root: Path | str, cfg) -> StartSession:
