@@ -367,3 +367,20 @@ def test_init_and_doctor_say_the_stdlib_corpus_cannot_stop_a_memorising_train_py
                        text=True, timeout=300)
     assert "corpus stdlib: held-out text readable on this machine" in r.stdout
     assert "memorise them" in r.stdout
+
+
+def test_init_again_says_a_new_campaign_started_and_plugin_wiring_without_the_plugin_warns(tmp_path, small_corpus):
+    """New-user trial: a second `init` silently switched campaigns; `--wiring plugin` with no plugin
+    installed printed "via the installed plugin"."""
+    cli = [sys.executable, "-m", "mcp_server.cli"]
+    env = {**os.environ, "CLAUDE_CONFIG_DIR": str(tmp_path / "cc"), "CODEX_HOME": str(tmp_path / "cx")}
+    ws = tmp_path / "ws"
+    r = subprocess.run([*cli, "init", str(ws), "--tag", "nov29", "--corpus", str(small_corpus), "--wiring", "plugin"],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "the loopwright plugin is not installed for Claude Code" in r.stderr
+    assert "the loopwright plugin is not installed for Codex" in r.stderr
+    assert "installed plugin" not in r.stdout
+    r = subprocess.run([*cli, "init", str(ws), "--tag", "dec01"], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "new campaign 'dec01' on branch loopwright/dec01" in r.stdout and "git checkout loopwright/nov29" in r.stdout

@@ -30,15 +30,29 @@ def init(args) -> int:
         check_time_budget(args.time_budget)
     except ValueError as e:
         return usage_error("init", str(e))
-    from mcp_server.agents.clients import resolve_wiring
+    from mcp_server.agents.clients import installed_plugin, resolve_wiring
+    from mcp_server.loop.config import CONFIG_NAME
 
     wiring = resolve_wiring(args.wiring)
+    existing = (Path(args.dir).expanduser() / CONFIG_NAME).is_file()
     ws = init_workspace(args.dir, tag=args.tag, corpus=args.corpus, time_budget=args.time_budget, force=args.force,
                         wiring=wiring)
+    if existing:
+        with ws.ledger() as ledger:
+            others = [tag for tag, _ in ledger.campaign_names() if tag != args.tag]
+        print(f"existing workspace {ws.root}: new campaign '{args.tag}' on branch loopwright/{args.tag}, now checked "
+              f"out" + (f"; the earlier campaign(s) {', '.join(others)} keep their branches (`git checkout "
+                        f"loopwright/{others[-1]}` goes back to one)" if others else ""))
+        return 0
     print(f"workspace ready: {ws.root} (campaign '{args.tag}', branch loopwright/{args.tag})")
-    print("wiring: " + ", ".join(f"{c} via " + ("the installed plugin" if w == "plugin" else "the workspace's files")
-                                 for c, w in (("Claude Code", wiring["claude"]), ("Codex", wiring["codex"])))
-          + " (`loopwright wiring` checks it; install a plugin before init)")
+    names = (("claude", "Claude Code"), ("codex", "Codex"))
+    print("wiring: " + ", ".join(f"{name} via " + ("its plugin" if wiring[c] == "plugin" else "the workspace's files")
+                                 for c, name in names) + " (`loopwright wiring` checks it)")
+    for c, name in names:
+        if wiring[c] == "plugin" and installed_plugin(c) is None:
+            print(f"warning: the loopwright plugin is not installed for {name}: it will not reach this workspace "
+                  f"until it is (see the README's install section), or make the workspace again with "
+                  f"--wiring workspace", file=sys.stderr)
     from mcp_server.loop.sandbox import PUBLIC_CORPUS_NOTE, corpus_is_public
 
     if corpus_is_public(ws.cfg.benchmark.corpus):
