@@ -221,6 +221,25 @@ def test_old_layout_gives_the_command_then_migrates_every_row(ws_factory):
     assert cli("migrate", "-w", str(ws.root)).returncode == 2    # twice: nothing to do, says so
 
 
+def test_a_moved_workspace_relinks_keeping_every_row_and_doctor_names_the_stale_client_files(ws_factory):
+    """New-user trial: after `mv` + `migrate --relink`, doctor said "all good" while .mcp.json and the
+    Claude sandbox still named the old folder."""
+    ws = ws_factory("moved")
+    with Engine(ws.root) as eng:
+        eng.note("kept across the move")
+        before = [dict(r) for r in eng.ledger.experiments(eng.campaign["id"])]
+    new = ws.root.parent / "moved-here"
+    shutil.move(str(ws.root), str(new))
+    r = cli("migrate", "--relink", "-w", str(new))
+    assert r.returncode == 0, r.stderr
+    assert f"still name {ws.root}" in r.stdout
+    with Engine(new) as eng:
+        assert [dict(r) for r in eng.ledger.experiments(eng.campaign["id"])] == before
+        assert "kept across the move" in str(eng.ledger.notes(eng.campaign["id"]))
+    r = cli("doctor", "--skip-server", "-w", str(new))
+    assert r.returncode == 1 and f"✘ the client files name {ws.root}, not this workspace" in r.stdout
+
+
 def test_rewritten_pinned_object_is_repaired_and_the_message_says_so(ws_factory):
     ws = ws_factory("objects")
     with Engine(ws.root) as eng:

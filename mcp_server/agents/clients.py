@@ -293,6 +293,21 @@ def _codex_user_block(env: Mapping[str, str]) -> Optional[Path]:
     return cfg if MCP_SERVER in (data.get("mcp_servers") or {}) else None
 
 
+def _paths_named_elsewhere(root: Path, settings: dict) -> Optional[str]:
+    """The workspace path the client files were made for, when it is not `root` (a moved workspace)."""
+    real = Path(root).resolve()
+    named: list[str] = []
+    args = ((_read_json(root / ".mcp.json").get("mcpServers") or {}).get(MCP_SERVER) or {}).get("args") or []
+    if "--workspace" in args[:-1]:
+        named.append(str(args[args.index("--workspace") + 1]))
+    named += [str(Path(w).parent) for w in (((settings.get("sandbox") or {}).get("filesystem") or {})
+                                           .get("allowWrite") or []) if str(w).endswith("/train.py")]
+    for path in named:
+        if Path(path).resolve() != real:
+            return path
+    return None
+
+
 def check_wiring(root: Path, state_dir: Optional[Path], env: Optional[Mapping[str, str]] = None) -> list[Finding]:
     """Doubles (plugin + workspace copies, plugin + a user-level Codex block), missing wiring, the sandboxes."""
     env = os.environ if env is None else env
@@ -333,6 +348,14 @@ def check_wiring(root: Path, state_dir: Optional[Path], env: Optional[Mapping[st
                    "install the plugin (`codex plugin marketplace add <loopwright checkout>` then `codex plugin add "
                    "loopwright@loopwright`), or `loopwright codex-config --write`")
             out.append(Finding(False, f"{name}: loopwright is not wired (no plugin, no workspace files)", fix))
+    moved = _paths_named_elsewhere(root, settings)
+    if moved:
+        out.append(Finding(False, f"the client files name {moved}, not this workspace {root.resolve()} (moved after "
+                                  "init?): Claude Code / Codex would serve that folder, and their sandboxes would "
+                                  "not let the agent write this train.py",
+                           "these files are frozen in the pinned commit: move the workspace back to where it was "
+                           "made, or make a new workspace for the agents (`loopwright init NEWDIR`); `loopwright "
+                           "run --agent builtin` needs none of them"))
     out += check_sandboxes(root, state_dir)
     return out
 

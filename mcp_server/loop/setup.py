@@ -349,4 +349,9 @@ def relink_workspace(directory: Path | str) -> str:
         raise StateDirError(f"{old} still exists and uses this state directory; a state directory serves one "
                             "workspace (make a new one with `loopwright init`)")
     write_record(state, {**rec, "root": str(root), "relinked_at": time.time()})
-    return f"{state} now belongs to {root} (was {old})"
+    note = ""
+    if old and old != str(root):
+        note = (f"; the client files frozen at init (.mcp.json, .claude/settings.json, .codex/config.toml) still "
+                f"name {old}: Claude Code and Codex sessions need the workspace back there, or a new workspace "
+                "(the built-in agent needs neither; `loopwright doctor` checks)")
+    return f"{state} now belongs to {root} (was {old}){note}"
