@@ -8,6 +8,16 @@ environment (no secrets reach agent-written code); its output is logged in the
 run directory and parsed for progress; the sandbox (and with it every process
 train.py started) is killed at the hard limit (time budget + grace).
 
+The budget is enforced from outside, with the runner's own numbers (never train.py's: its clock,
+prepare.TrainingBudget, runs inside the untrusted process and can be rewritten by it). A small
+stdlib-only reaper (_REAPER) sits between the runner and bwrap; it is a child subreaper, so the
+sandbox's init (which bwrap's outer process never waits for) is reaped by it, and os.wait4 on it
+gives the exact CPU seconds of the whole tree. While the run lives, the runner sums the CPU of
+every process in the tree from /proc every _METER_INTERVAL s and kills the sandbox once it is over
+the allowance (see Allowance). A run over budget ends "timeout" (over_budget set); a run whose
+summary reports far fewer CPU or wall seconds than were measured ends "rejected". The measured
+figures go into the summary (measured_cpu_seconds, measured_wall_seconds).
+
 Evaluation: the pinned commit's prepare.py blob (and config) and a hashed private
 copy of the model (a plain file only: no FIFO, no symlink) go to a fresh 0700
 directory outside the workspace; the evaluator runs there in its own sandbox
@@ -21,6 +31,7 @@ install bubblewrap) unless the human opted out with --unsafe-no-sandbox.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -61,7 +72,10 @@ def clean_env(extra: dict[str, str]) -> dict[str, str]:
 
 @dataclass
 class TrainResult:
-    status: str                       # ok | crash | timeout | cancelled (only when a cancel event was given)
+    # ok | crash | timeout | rejected | cancelled (only when a cancel event was given). Over the budget as
+    # the runner measured it: "timeout" with over_budget set (the ledger's and executors' statuses have
+    # no other word for it); a summary that misreports the measured usage: "rejected".
+    status: str
     exit_code: Optional[int]
     reason: str
     wall_seconds: float
@@ -69,6 +83,8 @@ class TrainResult:
     log_tail: str = ""
     model_path: Optional[Path] = None
     sandbox: str = "unknown"          # bwrap | sandbox-exec | none (the human's --unsafe-no-sandbox)
+    cpu_seconds: Optional[float] = None   # the runner's measurement of the whole sandboxed tree
+    over_budget: bool = False             # killed or refused for using more than the budget allows
 
 
 @dataclass
@@ -100,6 +116,212 @@ def _parse_summary(lines: list[str]) -> dict[str, float]:
     return out
 
 
+# ---------------------------------------------------------------------------
+# The budget, metered from outside train.py
+
+# How far over the frozen budget an honest run may read on the runner's meter: the allowance is
+# time_budget * BUDGET_TOLERANCE + START_SECONDS, on the budget's own clock (cpu: CPU seconds of the
+# whole sandboxed tree; wall: seconds since the sandbox was spawned). prepare.TrainingBudget counts
+# from the start of the python process and plans to end at 0.96-0.99 of the budget (BENCHMARKS.md;
+# tests/test_train.py allows 1.02). The meter also sees what train.py cannot: the reaper and bwrap
+# starting, and torch's interpreter teardown after the summary line. Measured on a loaded 2-core
+# machine with the bundled train.py: cpu clock, 30 s budget: 28.7 CPU s inside, 29.5 outside (0.985
+# of the budget); 8 s budget: 6.8 inside, 7.65 outside; wall clock, 8 s: 7.0 s inside, 8.3 outside
+# (`python -c "import torch"` alone: 1.11 CPU s inside, 1.69 outside). So outside = inside + a fixed
+# 0.6-0.9 CPU s (1.3 s of wall); START_SECONDS covers it with room, and the 3 % the plan's overshoot
+# (up to 2 %) and rounding. A cheat gets at most 3 % + 1.5 s, far under a keep-sized gain (the red
+# team's forged run used 3.5 budgets).
+BUDGET_TOLERANCE = 1.03
+START_SECONDS = 1.5
+# The wall clock also pays for bwrap's mounts and waits for the CPU on a busy machine during start-up
+# and teardown (measured +1.3 s on a loaded 2-core machine); a GPU's context teardown was not measured
+# here, so it gets 1.5 s more.
+WALL_START_EXTRA = 1.5
+# A summary that claims much less than was measured misreports its usage (a rewritten clock): the
+# run is rejected even when it stayed within the allowance. Loose on purpose (honest summaries
+# are printed a moment before the process ends, and the wall clock includes GPU teardown).
+MISREPORT_FACTOR = 1.5
+MISREPORT_SLACK = 5.0
+_METER_INTERVAL = 0.25    # seconds between two readings of the tree's CPU while it runs
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+# Runs between the runner and the sandbox (python -I -S, stdlib only, no agent code): a child
+# subreaper, so the sandbox's init -- which bwrap's outer process exits without waiting for, taking
+# the CPU of everything in the sandbox with it (measured: os.wait4 on bwrap reads 0.002 s for a run
+# that used 1.5 s) -- is reparented to it and reaped here. os.wait4 on the reaper then gives the
+# exact CPU of the whole tree, short bursts between two readings included. It exits with the
+# sandbox's exit code once the sandbox and what it left are reaped (waiting at most 3 s for
+# stragglers: only outside a PID namespace, with --unsafe-no-sandbox, can a daemon outlive it).
+_REAPER = r"""
+import os, sys, time
+try:
+    import ctypes
+    ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)   # PR_SET_CHILD_SUBREAPER (Linux; elsewhere wait4 still counts)
+except Exception:
+    pass
+argv = sys.argv[1:]
+pid = os.fork()
+if pid == 0:
+    try:
+        os.execvp(argv[0], argv)
+    finally:
+        os._exit(127)
+code = None
+while code is None:
+    try:
+        p, st = os.waitpid(-1, 0)
+    except ChildProcessError:
+        break
+    if p == pid:
+        code = os.waitstatus_to_exitcode(st)
+end = time.monotonic() + 3.0
+while time.monotonic() < end:
+    try:
+        p, _ = os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:
+        break
+    if p == 0:
+        time.sleep(0.01)
+sys.exit(1 if code is None else code if code >= 0 else 128 - code)
+"""
+
+
+def _children(pid: int) -> Optional[list[int]]:
+    """Child pids of `pid` (all its threads'), None when the kernel has no children files."""
+    kids: list[int] = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                kids += [int(k) for k in f.read().split()]
+        except FileNotFoundError:
+            if os.path.isdir(f"/proc/{pid}/task/{tid}"):
+                return None          # no CONFIG_PROC_CHILDREN: the caller scans /proc for parents
+        except (OSError, ValueError):
+            continue
+    return kids
+
+
+def _parent_map() -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            out.setdefault(ppid, []).append(int(name))
+    return out
+
+
+def tree_cpu_seconds(root: int) -> Optional[float]:
+    """CPU seconds (user + system) of `root` and every live descendant, each with its reaped children
+    (cutime, cstime), from /proc; None without /proc. A parent is read before its children, so a child
+    reaped in between is missed for one reading, never counted twice."""
+    if not os.path.isdir(f"/proc/{root}"):
+        return None
+    total, todo, seen = 0.0, [root], set()
+    parents: Optional[dict[int, list[int]]] = None
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += sum(int(x) for x in fields[11:15]) / _TICK    # utime stime cutime cstime
+        except (OSError, ValueError, IndexError):
+            continue
+        kids = _children(pid)
+        if kids is None:
+            parents = _parent_map() if parents is None else parents
+            kids = parents.get(pid, [])
+        todo += kids
+    return total
+
+
+_GPU_PROBE = ("import sys, torch; m = getattr(torch.backends, 'mps', None); "
+              "sys.stdout.write('1' if torch.cuda.is_available() or (m is not None and m.is_available()) else '0')")
+
+
+@functools.lru_cache(maxsize=8)
+def _torch_sees_gpu(python: str, cuda: Optional[str], hip: Optional[str]) -> bool:
+    """prepare.active_clock's test (CUDA or MPS present), asked of the python train.py runs on."""
+    env = clean_env({k: v for k, v in (("CUDA_VISIBLE_DEVICES", cuda), ("HIP_VISIBLE_DEVICES", hip)) if v is not None})
+    try:
+        r = subprocess.run([python, "-c", _GPU_PROBE], env=env, capture_output=True, text=True, timeout=120,
+                           stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return True      # unknown: a device is there, so assume the wall clock (the stricter one for GPUs)
+    return r.stdout.strip() != "0"
+
+
+def budget_clock(clock: str, env: dict[str, str], python: str) -> str:
+    """The clock prepare.py's TrainingBudget runs on, resolved by the runner (never taken from train.py's
+    summary): auto is wall when torch sees a CUDA/MPS device in the sandbox, cpu otherwise."""
+    if clock != "auto":
+        return clock
+    if sys.platform != "darwin" and not sandbox.gpu_visible(env):
+        return "cpu"
+    return "wall" if _torch_sees_gpu(python, env.get("CUDA_VISIBLE_DEVICES"), env.get("HIP_VISIBLE_DEVICES")) else "cpu"
+
+
+@dataclass(frozen=True)
+class Allowance:
+    """What the runner lets one run use, on its own meter (the hard wall-clock kill comes on top)."""
+    clock: str                    # wall | cpu | steps (resolved)
+    time_budget: float
+    cpu_limit: Optional[float]    # CPU seconds of the sandboxed tree
+    wall_limit: Optional[float]   # seconds since the sandbox was spawned
+
+    @classmethod
+    def of(cls, bench, clock: str) -> "Allowance":
+        allowed = bench.time_budget * BUDGET_TOLERANCE + START_SECONDS
+        if clock == "cpu":
+            return cls(clock, bench.time_budget, allowed, None)
+        if clock == "wall":
+            return cls(clock, bench.time_budget, None, allowed + WALL_START_EXTRA)
+        # steps: the token count lives in train.py (prepare._served) and cannot be checked from outside, so
+        # how many tokens a run trained on stays trusted. What is enforced is a CPU cap of the hard limit's
+        # seconds (4 budgets + grace) on top of the hard wall kill: the CPU a given amount of training costs
+        # hardly depends on the thread count (the wall clock does), and the default steps budget costs
+        # about a fifth of a cpu-clock budget (BUDGET_TOKENS = 100 baseline steps, 512 fit in 30 CPU s).
+        return cls(clock, bench.time_budget, bench.hard_limit_seconds(), None)
+
+    def exceeded(self, cpu: float, wall: float) -> str:
+        """'' within the allowance, else the message that says what was measured against what."""
+        start = START_SECONDS + (WALL_START_EXTRA if self.clock == "wall" else 0.0)
+        how = (f"time budget {self.time_budget:g} s on the {self.clock} clock x {BUDGET_TOLERANCE:g} + "
+               f"{start:g} s for the sandbox's start-up and teardown" if self.clock != "steps" else
+               "the steps clock's CPU cap: the hard limit's seconds, see BenchmarkConfig.hard_limit_seconds")
+        if self.cpu_limit is not None and cpu > self.cpu_limit:
+            used = f"{cpu:.1f} CPU seconds (all its processes), more than the {self.cpu_limit:.1f} allowed"
+        elif self.wall_limit is not None and wall > self.wall_limit:
+            used = f"{wall:.1f} s of wall clock, more than the {self.wall_limit:.1f} allowed"
+        else:
+            return ""
+        return (f"over budget: the run used {used} ({how}). The budget is metered by the runner from outside "
+                "train.py, so changing prepare's clock, TIME_BUDGET or cpu_seconds inside train.py does not "
+                "buy time: let prepare.start_budget()'s should_stop end the loop, keep start-up and export "
+                "small, and do not train after it says stop.")
+
+
+def misreported(summary: dict[str, float], cpu: float, wall: float) -> str:
+    """'' when the summary's own cpu_seconds / total_seconds agree with the runner's meter."""
+    for key, measured, unit in (("cpu_seconds", cpu, "CPU seconds"), ("total_seconds", wall, "seconds of wall clock")):
+        claimed = summary.get(key)
+        if isinstance(claimed, float) and math.isfinite(claimed) and measured > claimed * MISREPORT_FACTOR + MISREPORT_SLACK:
+            return (f"the summary reports {key} {claimed:g} but the runner measured {measured:.1f} {unit} from "
+                    "outside the sandbox: train.py's budget clock was changed or its summary forged. Use "
+                    "prepare.start_budget() and budget.summary() unmodified.")
+    return ""
+
+
 def kill_stale(run_dir: Path) -> bool:
     """Kill a training process group left behind by a server that died (pid file)."""
     pid_file = run_dir / "train.pid"
@@ -111,6 +333,35 @@ def kill_stale(run_dir: Path) -> bool:
         return False
     finally:
         pid_file.unlink(missing_ok=True)
+
+
+def _supervise(proc: subprocess.Popen, t0: float, deadline: float, allowance: Allowance,
+              cancel: Optional[threading.Event]) -> tuple[str, float, str]:
+    """Wait for the reaper while metering its tree: (how it ended: exited | over | timeout | cancelled,
+    the CPU seconds measured, the over-budget message or ''). Killed at once when over the allowance."""
+    cpu = 0.0                # a lower bound while it runs; exact once reaped
+    while True:
+        # reaped here (not proc.wait) for the rusage of the whole tree: the reaper reaped the rest
+        try:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        except ChildProcessError:    # reaped by someone else: no exit code, no rusage
+            return "exited", cpu, ""
+        if pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return "exited", max(cpu, usage.ru_utime + usage.ru_stime), ""
+        now = time.monotonic()
+        cpu = max(cpu, tree_cpu_seconds(proc.pid) or 0.0)
+        over = allowance.exceeded(cpu, now - t0)
+        if over:
+            kill_group(proc, grace_s=1.0)
+            return "over", cpu, over
+        if now >= deadline:
+            kill_group(proc, grace_s=3.0)
+            return "timeout", cpu, ""
+        if cancel is not None and cancel.is_set():
+            kill_group(proc, grace_s=1.0)
+            return "cancelled", cpu, ""
+        time.sleep(max(0.0, min(_METER_INTERVAL, deadline - now)))
 
 
 def run_training(ws: Workspace, run_dir: Path, seed: int, on_progress: Optional[ProgressFn] = None,
@@ -139,11 +390,13 @@ def run_training(ws: Workspace, run_dir: Path, seed: int, on_progress: Optional[
                      "TMPDIR": "/tmp", "HOME": os.path.expanduser("~")})
     cmd = sandbox.training_command(ws, [python, "train.py"], view=view, scratch=scratch, env=env, info=info)
     memory = sandbox.default_memory_limit()
+    allowance = Allowance.of(bench, budget_clock(bench.clock, env, python))
     log_path = run_dir / "train.log"
     t0 = time.monotonic()
     lines: list[str] = []
     with open(log_path, "w", encoding="utf-8", buffering=1) as log:   # line-buffered: `tail -f` sees progress
-        proc = subprocess.Popen(cmd, cwd=ws.root, env=env, stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _REAPER, *cmd], cwd=ws.root, env=env,
+                                stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
                                 start_new_session=True, bufsize=1,
                                 preexec_fn=sandbox.limits(memory, gpu=sandbox.gpu_visible(env)))
@@ -166,24 +419,8 @@ def run_training(ws: Workspace, run_dir: Path, seed: int, on_progress: Optional[
 
         reader = threading.Thread(target=pump, daemon=True)
         reader.start()
-        timed_out = cancelled = False
-        deadline = t0 + hard_limit
         try:
-            while True:
-                left = deadline - time.monotonic()
-                try:
-                    # polled when it can be cancelled, so a cancel does not wait for the hard limit
-                    proc.wait(timeout=max(0.0, left if cancel is None else min(left, 0.2)))
-                    break
-                except subprocess.TimeoutExpired:
-                    if time.monotonic() >= deadline:
-                        timed_out = True
-                        kill_group(proc, grace_s=3.0)
-                        break
-                    if cancel is not None and cancel.is_set():
-                        cancelled = True
-                        kill_group(proc, grace_s=1.0)
-                        break
+            ended, cpu, over = _supervise(proc, t0, t0 + hard_limit, allowance, cancel)
         finally:
             # train.py may have left children (dataloader workers): the group goes too.
             kill_group_now(proc.pid)
@@ -191,26 +428,39 @@ def run_training(ws: Workspace, run_dir: Path, seed: int, on_progress: Optional[
         (run_dir / "train.pid").unlink(missing_ok=True)
     wall = time.monotonic() - t0
     summary = _parse_summary(lines)
+    # the runner's figures, over any train.py printed under these names
+    summary["measured_cpu_seconds"] = round(cpu, 3)
+    summary["measured_wall_seconds"] = round(wall, 3)
     tail = "\n".join(lines[-30:])
 
-    if cancelled:
-        return TrainResult("cancelled", None, "cancelled by the driver; the sandbox was killed", wall, summary,
-                           tail, sandbox=info.kind)
-    if timed_out:
-        return TrainResult("timeout", None, f"killed at the hard limit of {hard_limit:.0f} s "
-                           f"of wall clock (clock {bench.clock!r}, time budget {bench.time_budget:.0f} s, grace "
-                           f"{bench.grace_seconds:.0f} s: see BenchmarkConfig.hard_limit_seconds)",
-                           wall, summary, tail, sandbox=info.kind)
+    def result(status: str, code: Optional[int], reason: str, model: Optional[Path] = None,
+               over_budget: bool = False) -> TrainResult:
+        return TrainResult(status, code, reason, wall, summary, tail, model, sandbox=info.kind, cpu_seconds=cpu,
+                           over_budget=over_budget)
+
+    if ended == "cancelled":
+        return result("cancelled", None, "cancelled by the driver; the sandbox was killed")
+    # measured again after the exit: a burst between two readings counts too
+    over = over or (allowance.exceeded(cpu, wall) if ended == "exited" else "")
+    if over:
+        return result("timeout", None if proc.returncode is None or proc.returncode < 0 else proc.returncode,
+                      over, over_budget=True)
+    if ended == "timeout":
+        return result("timeout", None, f"killed at the hard limit of {hard_limit:.0f} s "
+                      f"of wall clock (clock {bench.clock!r}, time budget {bench.time_budget:.0f} s, grace "
+                      f"{bench.grace_seconds:.0f} s: see BenchmarkConfig.hard_limit_seconds)")
     if proc.returncode != 0:
-        return TrainResult("crash", proc.returncode, f"train.py exited with code {proc.returncode}", wall,
-                           summary, tail, sandbox=info.kind)
+        return result("crash", proc.returncode, f"train.py exited with code {proc.returncode}")
+    lie = misreported(summary, cpu, wall)
+    if lie:
+        return result("rejected", 0, lie, over_budget=True)
     loss_nan = any("loss=nan" in ln.lower() or "loss=inf" in ln.lower() for ln in lines[-50:])
     if loss_nan or any(isinstance(v, float) and math.isnan(v) for v in summary.values()):
-        return TrainResult("crash", 0, "training diverged (NaN/inf loss)", wall, summary, tail, sandbox=info.kind)
+        return result("crash", 0, "training diverged (NaN/inf loss)")
     if not model_path.is_file() or model_path.is_symlink():
-        return TrainResult("crash", 0, "train.py finished without exporting a model: it must end with "
-                           "prepare.export_model(model)", wall, summary, tail, sandbox=info.kind)
-    return TrainResult("ok", 0, "", wall, summary, tail, model_path, sandbox=info.kind)
+        return result("crash", 0, "train.py finished without exporting a model: it must end with "
+                      "prepare.export_model(model)")
+    return result("ok", 0, "", model_path)
 
 
 EVAL_DATA_FILES = ("val.bin", "test.bin", "meta.json", "token_bytes.npy", "tokenizer.json")
