@@ -23,8 +23,19 @@ def replay(args) -> int:
         print("loopwright replay: --seeds must be at least 1", file=sys.stderr)
         return 2
     with Engine(args.workspace, recover=False) as eng:
-        res = run_replay(eng, seeds=args.seeds, on_run=None if args.json else
-                         (lambda s: print(s, file=sys.stderr, flush=True)))
+        try:
+            res = run_replay(eng, seeds=args.seeds, on_run=None if args.json else
+                             (lambda s: print(s, file=sys.stderr, flush=True)))
+        except KeyboardInterrupt:   # Ctrl-C, SIGTERM, SIGHUP (cli/main.py)
+            from mcp_server.common import procs
+
+            rows = eng.ledger.replay_runs(eng.campaign["id"])
+            done = sum(r["status"] != "interrupted" for r in rows)
+            number = rows[0]["replay"] if rows else "-"
+            print(f"interrupted: replay {number} stopped after {done} finished run(s) (recorded; the run in flight "
+                  "is recorded as interrupted); a replay changes no verdict and no budget; "
+                  f"{', '.join(eng.ws.cfg.paths.editable)} kept as you left it", file=sys.stderr)
+            return procs.stop_exit_code()
     if args.json:
         print(json.dumps(res.model_dump(), indent=2))
         return 0 if res.all_hold else 1

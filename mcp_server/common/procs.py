@@ -5,8 +5,31 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
+
+# Set when this process was told to end (SIGTERM/SIGHUP/SIGINT in the CLI, an MCP server shutting down):
+# a training run that dies from then on was stopped by the loop, not by the change it measures.
+_STOPPING = threading.Event()
+_SIGNALS: list[int] = []
+
+
+def note_stopping(signum: int | None = None) -> None:
+    """This process is ending (on signal `signum`, if one): runs it kills or loses from now on are
+    interrupted, never a change's crash."""
+    if signum is not None:
+        _SIGNALS.append(signum)
+    _STOPPING.set()
+
+
+def stopping() -> bool:
+    return _STOPPING.is_set()
+
+
+def stop_exit_code() -> int:
+    """The exit status of a command that ends because it was told to: 128 + the signal (130 for Ctrl-C)."""
+    return 128 + (_SIGNALS[-1] if _SIGNALS else int(signal.SIGINT))
 
 
 def group_alive(pgid: int) -> bool:

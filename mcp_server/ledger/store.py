@@ -483,6 +483,16 @@ class Ledger:
     def running_experiments(self) -> list[dict]:
         return [dict(r) for r in self.conn.execute("SELECT * FROM experiments WHERE status='running'")]
 
+    def interrupted_candidates(self) -> list[dict]:
+        """Candidates (any campaign) still waiting for a score that can never come: one of their own seed runs
+        was interrupted. Asynchronous submissions are not among them (loop/asyncrun.py re-queues and decides
+        those)."""
+        return [dict(r) for r in self.conn.execute(
+            "SELECT * FROM experiments e WHERE e.status='ok' AND e.is_baseline=0 AND e.confirm_of IS NULL "
+            "AND e.verdict IS NULL AND EXISTS (SELECT 1 FROM experiments r WHERE r.confirm_of=e.id "
+            "AND r.status='interrupted') AND NOT EXISTS (SELECT 1 FROM submissions s WHERE s.id=e.id "
+            "OR s.current_id=e.id) ORDER BY e.id")]
+
     def count_running(self, campaign_id: int) -> int:
         return int(self.conn.execute("SELECT COUNT(*) FROM experiments WHERE campaign_id=? AND status='running'",
                                      (campaign_id,)).fetchone()[0])
@@ -593,9 +603,10 @@ class Ledger:
             "SELECT * FROM experiments WHERE confirm_of=? ORDER BY id", (experiment_id,))]
 
     def usage(self, campaign_id: int) -> tuple[int, float]:
-        """(finished experiments, compute hours) in one pass over the covering index."""
+        """(finished experiments, compute hours) in one pass over the covering index. A run that was lost or
+        interrupted (the loop was stopped, not the change) is not an experiment: its time counts, it does not."""
         r = self.conn.execute(
-            "SELECT COALESCE(SUM(status NOT IN ('running','lost')), 0), "
+            "SELECT COALESCE(SUM(status NOT IN ('running','lost','interrupted')), 0), "
             "COALESCE(SUM(COALESCE(finished_at, ?) - started_at), 0) FROM experiments WHERE campaign_id=?",
             (time.time(), campaign_id)).fetchone()
         return int(r[0]), float(r[1]) / 3600.0

@@ -7,17 +7,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import statistics
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Optional
 
+from mcp_server.common import procs
 from mcp_server.common.locks import FileLock
 from mcp_server.loop import approvals, asyncrun, gitops, integrity, runner, verdict
 from mcp_server.loop import budget as budgetmod
 from mcp_server.loop import text as textmod
-from mcp_server.loop.errors import Busy, LoopError
+from mcp_server.loop.errors import Busy, Interrupted, LoopError
 from mcp_server.loop.models import (
     BaselineInfo,
     BudgetResult,
@@ -39,6 +42,14 @@ from mcp_server.loop.workspace import Workspace, sinks_for
 NOTE_KINDS = ("lesson", "dead_end", "idea", "observation")
 STATE_VIEWS = ("summary", "history", "best", "notes", "noise", "tried")
 PLATEAU_EVERY = 10
+# The verdict_reason of an experiment closed because one of its runs was interrupted (the loop was stopped):
+# discarded without a score, and not an "exact repeat" when the same change is run again.
+INTERRUPTED_REASON = "interrupted: "
+# While the loop puts other versions of the editable files in the tree (the baseline on the pinned train.py, a
+# reference run, a replay), the edit that was there is kept on disk here, so that it survives any kill.
+KEPT_EDIT = "kept-edit"
+BACKUPS = "backups"
+MAX_BACKUPS = 50
 
 
 __all__ = ["Engine", "LoopError", "Busy"]
@@ -51,7 +62,11 @@ class Engine:
         self._campaign_cache: Optional[int] = None
         # Orphaned `running` rows (a CLI or server killed with -9) are recovered by every entry point:
         # safe even with recover=False, since a live run holds the experiment lock and recover() skips then.
-        if recover or self.ledger.running_experiments():
+        # So are candidates left waiting for a score that can never come (an interrupted seed run, also in rows
+        # of older versions) and an edit kept on disk by a run that was killed (recover() takes the lock first).
+        self.notices: list[str] = []
+        if recover or self.ledger.running_experiments() or self.ledger.interrupted_candidates() \
+                or (self.ws.state_dir / KEPT_EDIT).is_dir():
             self.recover()
         self._check_pin_on_open()
 
@@ -153,21 +168,17 @@ class Engine:
     def _tree_at(self, commit: str) -> Iterator[None]:
         """The editable files as of `commit` for the duration (the branch does not move); whatever was
         there before (an agent's pending edit, a committed candidate) is put back afterwards."""
-        saved = {rel: (self.ws.root / rel).read_bytes() if (self.ws.root / rel).is_file() else None
-                 for rel in self.ws.cfg.paths.editable}
-        for rel in self.ws.cfg.paths.editable:   # from the object store: git's index is left as it was
-            try:
-                (self.ws.root / rel).write_bytes(gitops.blob_bytes(self.ws.root, commit, rel))
-            except gitops.GitError:
+        placed = self._files_at(commit)
+        self._keep_edit(placed)
+        for rel, data in placed.items():   # from the object store: git's index is left as it was
+            if data is None:
                 (self.ws.root / rel).unlink(missing_ok=True)
+            else:
+                (self.ws.root / rel).write_bytes(data)
         try:
             yield
         finally:
-            for rel, data in saved.items():
-                if data is None:
-                    (self.ws.root / rel).unlink(missing_ok=True)
-                else:
-                    (self.ws.root / rel).write_bytes(data)
+            self._put_back_kept_edit()
 
     def _measure_reference(self, c: dict, seeds: list[int], set_index: Optional[int], on_progress,
                            session_id, why: str) -> list[dict]:
@@ -203,17 +214,16 @@ class Engine:
             yield
 
     def recover(self) -> list[int]:
-        """Mark experiments orphaned by a dead server as interrupted and clean the tree."""
+        """Mark experiments orphaned by a dead server as interrupted and clean the tree; close candidates whose
+        seed runs were interrupted (discarded, never scorable); put back an edit a killed run kept on disk."""
         running = self.ledger.running_experiments()
-        if not running:
-            return []
         inflight = {r["run_id"] for r in self.ledger.inflight()}
         if inflight:   # asynchronous runs belong to a driver: a dead one's are left in flight for the next
             # driver (loop/asyncrun.py reconcile: finished ones recorded, the others re-queued). Every open of
             # the workspace -- `loopwright status` and other read-only commands included -- passes here.
             running = [r for r in running if r["id"] not in inflight]
-            if not running:
-                return []
+        if not running and not self.ledger.interrupted_candidates() and not (self.ws.state_dir / KEPT_EDIT).is_dir():
+            return []
         try:
             with self._exclusive():
                 done = []
@@ -222,12 +232,122 @@ class Engine:
                     self.ledger.update_experiment(r["id"], status="interrupted", finished_at=time.time(),
                                                   reason="the loop stopped during this experiment")
                     done.append(r["id"])
-                c = self.ledger.campaign(r["campaign_id"])
-                if c and gitops.current_branch(self.ws.root) == c["branch"]:
-                    gitops.reset_to(self.ws.root, c["best_commit"])
+                if running:
+                    c = self.ledger.campaign(running[-1]["campaign_id"])
+                    if c and gitops.current_branch(self.ws.root) == c["branch"]:
+                        gitops.reset_to(self.ws.root, c["best_commit"])
+                for cand in self.ledger.interrupted_candidates():
+                    run = next(r for r in self.ledger.confirm_runs(cand["id"]) if r["status"] == "interrupted")
+                    self._close_interrupted(cand, f"its run #{run['id']} (seed {run['seed']}) was interrupted")
+                self._put_back_kept_edit(after_kill=True)
                 return done
         except Busy:
             return []  # a live server is running them
+
+    def _close_interrupted(self, cand: dict, why: str) -> None:
+        """A candidate whose seed runs were cut short: discarded as interrupted (what was recorded stays), so it
+        never waits for a score; the branch goes back to the best if it still points at the candidate."""
+        reason = (f"{INTERRUPTED_REASON}{why}; the loop was stopped before its seed runs were all in, so it was "
+                  f"not scored (the change is commit {(cand['commit_sha'] or '')[:10]}; run it again to measure it)")
+        for r in [cand] + self.ledger.confirm_runs(cand["id"]):
+            if r["verdict"] is None:
+                self.ledger.update_experiment(r["id"], verdict="discard", verdict_reason=reason)
+        c = self.ledger.campaign(cand["campaign_id"])
+        if c and gitops.current_branch(self.ws.root) == c["branch"] and cand["commit_sha"] \
+                and gitops.head_sha(self.ws.root) == cand["commit_sha"]:
+            gitops.move_branch(self.ws.root, c["best_commit"])   # the tree (the change) is left as it is
+
+    # -- an edit kept on disk while the loop puts other versions of the editable files in the tree ----------
+    def _files_at(self, commit: str) -> dict[str, Optional[bytes]]:
+        out: dict[str, Optional[bytes]] = {}
+        for rel in self.ws.cfg.paths.editable:
+            try:
+                out[rel] = gitops.blob_bytes(self.ws.root, commit, rel)
+            except gitops.GitError:
+                out[rel] = None
+        return out
+
+    def _tree_files(self) -> dict[str, Optional[bytes]]:
+        return {rel: (self.ws.root / rel).read_bytes() if (self.ws.root / rel).is_file() else None
+                for rel in self.ws.cfg.paths.editable}
+
+    def _notice(self, text: str) -> None:
+        """Something the user must know (a file put back or saved aside): kept for the caller, said on stderr."""
+        self.notices.append(text)
+        print(f"loopwright: {text}", file=sys.stderr, flush=True)
+
+    def save_backup(self, files: dict[str, Optional[bytes]], why: str) -> Path:
+        """Copies of editable files in a fresh folder under the state dir's backups/ (the newest MAX_BACKUPS
+        folders are kept); its path."""
+        root = self.ws.state_dir / BACKUPS
+        base = f"{time.strftime('%Y%m%d-%H%M%S')}-{why}"
+        d, n = root / base, 1
+        while d.exists():
+            n += 1
+            d = root / f"{base}-{n}"
+        for rel, data in files.items():
+            if data is not None:
+                (d / rel).parent.mkdir(parents=True, exist_ok=True)
+                (d / rel).write_bytes(data)
+        for old in sorted(p for p in root.iterdir() if p.is_dir())[:-MAX_BACKUPS]:
+            shutil.rmtree(old, ignore_errors=True)
+        return d
+
+    def _keep_edit(self, placed: dict[str, Optional[bytes]]) -> None:
+        """Before the loop puts `placed` in the tree: the editable files as they are now go to the state dir
+        (written whole, then renamed), with digests of what is placed. Put back by _put_back_kept_edit, in this
+        process or -- after a kill -- by the next open's recovery."""
+        kept = self.ws.state_dir / KEPT_EDIT
+        if kept.is_dir():   # left by a killed process whose recovery has not run yet
+            self._put_back_kept_edit(after_kill=True)
+        tmp = self.ws.state_dir / f"{KEPT_EDIT}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        current = self._tree_files()
+        for rel, data in current.items():
+            if data is not None:
+                (tmp / "files" / rel).parent.mkdir(parents=True, exist_ok=True)
+                (tmp / "files" / rel).write_bytes(data)
+        tmp.mkdir(parents=True, exist_ok=True)
+        (tmp / "manifest.json").write_text(json.dumps({
+            "had": {rel: data is not None for rel, data in current.items()},
+            "placed": {rel: None if data is None else hashlib.sha256(data).hexdigest() for rel, data in placed.items()},
+            "at": time.time()}))
+        tmp.rename(kept)
+
+    def _put_back_kept_edit(self, after_kill: bool = False) -> None:
+        """The kept edit back in the tree. A file that is no longer what the loop placed there was edited
+        meanwhile: in this process (an edit made while the run ran) that version is saved to backups/ and the
+        kept edit put back; after a kill, what is in the tree now stays and the kept edit goes to backups/."""
+        kept = self.ws.state_dir / KEPT_EDIT
+        try:
+            manifest = json.loads((kept / "manifest.json").read_text())
+        except (OSError, ValueError):
+            shutil.rmtree(kept, ignore_errors=True)
+            return
+        saved = {rel: (kept / "files" / rel).read_bytes() if manifest["had"].get(rel) else None
+                 for rel in manifest["had"]}
+        now = self._tree_files()
+        changed = {rel: data for rel, data in now.items() if rel in manifest["placed"] and manifest["placed"][rel] !=
+                   (None if data is None else hashlib.sha256(data).hexdigest())}
+        names = ", ".join(sorted(changed)) or ", ".join(sorted(saved))
+        if after_kill and changed:
+            bk = self.save_backup(saved, "edit-before-interrupted-run")
+            self._notice(f"a run that was killed had set your edit of {', '.join(sorted(saved))} aside; "
+                         f"{names} changed since, so it was left as it is and the earlier edit was saved to {bk}")
+        else:
+            if changed:
+                bk = self.save_backup(changed, "edited-during-run")
+                self._notice(f"{names} was edited while the loop ran another version of it; that edit was saved "
+                             f"to {bk} and your edit from before the run was put back")
+            for rel, data in saved.items():
+                if data is None:
+                    (self.ws.root / rel).unlink(missing_ok=True)
+                else:
+                    (self.ws.root / rel).write_bytes(data)
+            if after_kill and saved != now:
+                self._notice(f"the run that set your edit of {', '.join(sorted(saved))} aside was killed; "
+                             "the edit was put back")
+        shutil.rmtree(kept, ignore_errors=True)
 
     # -- integrity ----------------------------------------------------------
     def _check_pin_on_open(self) -> None:
@@ -342,9 +462,10 @@ class Engine:
 
     def _measure_baseline(self, c: dict, seeds: list[int], set_index: int, on_progress,
                           session_id) -> BaselineInfo:
-        """Run the pinned train.py on the seed set; the agent's pending edit (if any) is put back afterwards."""
-        pending = {rel: (self.ws.root / rel).read_bytes() for rel in self.ws.cfg.paths.editable
-                   if (self.ws.root / rel).is_file()}
+        """Run the pinned train.py on the seed set; the agent's pending edit (if any) is put back afterwards
+        (it is kept in the state dir meanwhile, so that it survives a kill: the next open puts it back)."""
+        placed = self._files_at(c["best_commit"])
+        self._keep_edit(placed)
         gitops.reset_to(self.ws.root, c["best_commit"])
         try:
             for k, s in enumerate(seeds, 1):
@@ -357,8 +478,7 @@ class Engine:
                     raise LoopError(f"the baseline itself failed ({exp.status}: {exp.reason}). The benchmark "
                                     f"is broken on this machine, not your change; log tail:\n{exp.log_tail}")
         finally:
-            for rel, data in pending.items():
-                (self.ws.root / rel).write_bytes(data)
+            self._put_back_kept_edit()
         samples = self.ledger.baseline_samples(c["id"])
         sig = self.sigma(c)
         sd, _ = self.sigma_paired(c)
@@ -399,8 +519,9 @@ class Engine:
     def _run_candidate(self, c, description, hypothesis, on_progress, session_id) -> ExperimentResult:
         src = self._refuse_non_change(c)
         sha = self._sha(src)
-        prior = self.ledger.experiments(c["id"], where="source_sha=? AND confirm_of IS NULL AND status!='interrupted'",
-                                        params=(sha,), limit=1)
+        prior = self.ledger.experiments(c["id"], where="source_sha=? AND confirm_of IS NULL AND status!='interrupted' "
+                                        "AND COALESCE(verdict_reason, '') NOT LIKE ?",
+                                        params=(sha, INTERRUPTED_REASON + "%"), limit=1)
         if prior:
             p = prior[0]
             raise LoopError(f"exact repeat of experiment #{p['id']} ({p['description']!r}: status {p['status']}, "
@@ -425,17 +546,25 @@ class Engine:
         if res.status != "ok":
             return res
         eid = res.experiment_id
-        d1 = res.val_bpb - refs[seeds[0]]["val_bpb"]
-        if noise.early_stop and len(seeds) > 1 and verdict.clearly_worse(d1, self.sigma_paired(c)[0], noise):
-            res.early_stopped = True
-        else:
-            for s in seeds[1:]:   # the rest of the seed set, each paired with the reference's run on it
-                r = self._execute(c, f"{description} [seed {s}]", hypothesis, commit, c["best_commit"], on_progress,
-                                  session_id, confirm_of=eid, source_sha=sha, seed=s, role="pair",
-                                  paired_with=refs[s]["id"], seed_set=set_index)
-                if r.status != "ok":
-                    r.warnings.extend(warnings)
-                    return r
+        try:
+            d1 = res.val_bpb - refs[seeds[0]]["val_bpb"]
+            if noise.early_stop and len(seeds) > 1 and verdict.clearly_worse(d1, self.sigma_paired(c)[0], noise):
+                res.early_stopped = True
+            else:
+                for s in seeds[1:]:   # the rest of the seed set, each paired with the reference's run on it
+                    r = self._execute(c, f"{description} [seed {s}]", hypothesis, commit, c["best_commit"],
+                                      on_progress, session_id, confirm_of=eid, source_sha=sha, seed=s, role="pair",
+                                      paired_with=refs[s]["id"], seed_set=set_index)
+                    if r.status != "ok":
+                        r.warnings.extend(warnings)
+                        return r
+        except BaseException as e:   # Ctrl-C, a signal, the server ending: never left waiting for a score
+            cand = self.ledger.experiment(eid)
+            if cand is not None and cand["verdict"] is None:
+                self._close_interrupted(cand, f"a later seed run was interrupted ({type(e).__name__})")
+            if gitops.head_sha(self.ws.root) != c["best_commit"]:
+                gitops.reset_to(self.ws.root, c["best_commit"])
+            raise
         return self._paired_result(c, eid, res)
 
     def _pairs(self, exp_id: int) -> list[PairInfo]:
@@ -512,6 +641,8 @@ class Engine:
         try:
             ledger_before = self._ledger_digest(eid)
             tr = runner.run_training(self.ws, run_dir, seed, on_progress)
+            if tr.status != "ok" and procs.stopping():   # killed by the loop itself on its way out
+                raise Interrupted(f"the loop was stopped during run #{eid} (the run ended: {tr.reason})")
             fields = dict(training_seconds=tr.summary.get("training_seconds"), total_seconds=round(tr.wall_seconds, 3),
                           memory_gb=_mem_gb(tr.summary), num_steps=_int(tr.summary.get("num_steps")),
                           num_params_m=tr.summary.get("num_params_M"), log_tail=tr.log_tail[-4000:])
@@ -552,8 +683,10 @@ class Engine:
                 eval_seconds=ev.eval_seconds if ev else None,
                 verdict="baseline" if is_baseline and status == "ok" else None, **fields)
         except BaseException as e:
-            self.ledger.update_experiment(eid, status="interrupted", finished_at=time.time(),
-                                          reason=f"loop error: {type(e).__name__}: {e}")
+            stopped = isinstance(e, (KeyboardInterrupt, Interrupted)) or procs.stopping()
+            self.ledger.update_experiment(eid, status="interrupted", finished_at=time.time(), reason=(
+                "interrupted: the loop was stopped during this run (Ctrl-C, SIGTERM/SIGHUP, or its server ended)"
+                if stopped else f"loop error: {type(e).__name__}: {e}"))
             if not is_baseline and role != "reference":
                 gitops.reset_to(self.ws.root, c["best_commit"])
             raise
@@ -760,12 +893,59 @@ class Engine:
                     raise LoopError(f"experiment {to} has verdict {exp['verdict']!r}; revert goes to the best, a kept "
                                     "experiment, a baseline, or a pending retest")
                 commit, eid = exp["commit_sha"], exp["id"]
+            # an uncommitted edit (not in HEAD, not what the revert puts there) is saved before it is overwritten
+            now, head, target = self._tree_files(), self._files_at(gitops.head_sha(self.ws.root)), self._files_at(commit)
+            lost = {rel: data for rel, data in now.items() if data is not None and data != head[rel]
+                    and data != target[rel]}
+            backup = self.save_backup(lost, "before-revert") if lost else None
             if to is None or commit == c["best_commit"] or exp["verdict"] == "retest":
                 gitops.reset_to(self.ws.root, commit)   # the branch itself moves (best, or a pending retest)
             else:
                 gitops.checkout_files(self.ws.root, commit, self.ws.cfg.paths.editable)
+            msg = f"{', '.join(self.ws.cfg.paths.editable)} now match commit {commit[:10]}"
+            if backup is not None:
+                msg += f"; your uncommitted edit of {', '.join(sorted(lost))} was saved to {backup}"
             return RevertResult(commit=commit[:10], experiment_id=eid, files=self.ws.cfg.paths.editable,
-                                message=f"{', '.join(self.ws.cfg.paths.editable)} now match commit {commit[:10]}")
+                                message=msg, backup=None if backup is None else str(backup))
+
+    def interruption_summary(self, after_id: int) -> str:
+        """One line on what a run_experiment stopped by Ctrl-C or a signal left behind (its runs have ids
+        above `after_id`): what was interrupted, what was recorded and discarded, the budget, train.py."""
+        c = self.campaign
+        rows = self.ledger.experiments(c["id"], where="id > ?", params=(after_id,))
+        b = self.budget(c)
+        left = "" if b.experiments_left is None else f" ({b.experiments_used} used, {b.experiments_left} left)"
+        budget = f"the interrupted run does not count against the experiment budget{left}"
+        edit = self._tree_files() != self._files_at(c["best_commit"])
+        tree = (f"{', '.join(self.ws.cfg.paths.editable)} kept as you left it" if edit else
+                f"{', '.join(self.ws.cfg.paths.editable)} is at the best version ({c['best_commit'][:10]})")
+        if not rows:
+            return f"nothing had started yet: nothing was recorded or scored; {tree}"
+        stopped = [r for r in rows if r["status"] == "interrupted"]
+        cand = next((r for r in rows if r["role"] == "candidate"), None) or next(
+            (self.ledger.experiment(r["confirm_of"]) for r in rows if r["role"] == "pair"), None)
+        if cand is not None:
+            what = f"experiment {cand['id']}'s run stopped"
+            if stopped:
+                what += f" (run #{stopped[-1]['id']}, seed {stopped[-1]['seed']})"
+            done = (f"experiment {cand['id']} was discarded as interrupted, nothing was scored; your change is "
+                    f"commit {(cand['commit_sha'] or '')[:10]} (`git checkout {(cand['commit_sha'] or '')[:10]} -- "
+                    f"{' '.join(self.ws.cfg.paths.editable)}` brings it back, then run it again)")
+        elif any(r["role"] == "confirm" for r in rows):
+            conf = next(r for r in rows if r["role"] == "confirm")
+            what = f"the confirm run of experiment {conf['confirm_of']} stopped"
+            done = (f"experiment {conf['confirm_of']} still awaits its confirm run: revert(to={conf['confirm_of']}) "
+                    "and run it again; nothing was scored")
+        elif any(r["is_baseline"] for r in rows):
+            base = self.ledger.baseline_samples(c["id"])
+            what = f"the baseline measurement stopped ({len(base)} of {self.ws.cfg.noise.baseline_seeds} seed runs in)"
+            done = "the runs that finished are kept and the next run_experiment measures the rest; nothing was scored"
+        else:
+            what = "a reference run of the best version stopped"
+            done = "nothing was scored"
+        if not stopped:
+            budget = "no run was cut short"
+        return f"{what}; {done}; {budget}; {tree}"
 
     # -- budget, state, notes ------------------------------------------------------
     def budget(self, c: Optional[dict] = None) -> BudgetResult:
@@ -864,8 +1044,9 @@ class Engine:
         best, _ = self.best(c)
         base = self.ledger.baseline_samples(c["id"])
         counts = self.ledger.campaign_counts(c["id"])
-        pending = self.ledger.experiments(c["id"], where="status='ok' AND is_baseline=0 AND confirm_of IS NULL "
-                                          "AND verdict IS NULL")
+        stuck = {r["id"] for r in self.ledger.interrupted_candidates()}
+        pending = [r for r in self.ledger.experiments(c["id"], where="status='ok' AND is_baseline=0 AND confirm_of "
+                                                      "IS NULL AND verdict IS NULL") if r["id"] not in stuck]
         retest = self.ledger.experiments(c["id"], where="verdict='retest' AND confirm_of IS NULL")
         return Summary(tag=c["tag"], branch=c["branch"], pinned_commit=c["pinned_commit"][:10],
                        best_commit=c["best_commit"][:10], best_experiment_id=c["best_experiment_id"],

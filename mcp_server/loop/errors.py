@@ -8,3 +8,8 @@ class LoopError(RuntimeError):
 
 class Busy(LoopError):
     pass
+
+
+class Interrupted(LoopError):
+    """The loop was told to stop (Ctrl-C, SIGTERM/SIGHUP, its server shutting down) while a run was in flight:
+    the run is recorded as interrupted and its experiment is discarded; nothing is held against the change."""

@@ -99,6 +99,7 @@ class RevertResult(BaseModel):
     experiment_id: Optional[int]
     files: list[str]
     message: str
+    backup: Optional[str] = None   # where an uncommitted edit the revert overwrote was saved
 
 
 class BudgetResult(BudgetStatus):

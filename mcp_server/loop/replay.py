@@ -21,6 +21,7 @@ from typing import Callable, Optional
 
 from pydantic import BaseModel, Field
 
+from mcp_server.common import procs
 from mcp_server.loop import integrity, runner
 
 # two-sided 95 % Student t quantiles for small dof (N - 1)
@@ -121,6 +122,8 @@ def _run(eng, c: dict, number: int, keep: dict, side: str, commit: str, seed: in
             tr = runner.run_training(eng.ws, run_dir, seed, on_progress)
             steps = tr.summary.get("num_steps")
             status, reason = tr.status, tr.reason
+            if tr.status != "ok" and procs.stopping():   # killed by the loop itself on its way out
+                status, reason = "interrupted", f"the replay was stopped during this run ({tr.reason})"
             mism = integrity.check(eng.ws, c["pinned_commit"])
             if mism:   # a replayed version touched frozen files: restore them and do not trust the run
                 integrity.restore(eng.ws, c["pinned_commit"], mism)
@@ -131,6 +134,9 @@ def _run(eng, c: dict, number: int, keep: dict, side: str, commit: str, seed: in
                     val = ev.val_bpb
                 else:
                     status, reason = "rejected", f"the evaluator rejected the model: {ev.reason}"
+        except KeyboardInterrupt:   # Ctrl-C, SIGTERM/SIGHUP in the CLI
+            status, reason = "interrupted", "the replay was stopped during this run"
+            raise
         finally:
             eng.ledger.add_replay_run(c["id"], number, keep["id"], side, commit, seed, status, val,
                                       None if steps is None else int(steps), reason, started)

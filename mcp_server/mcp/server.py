@@ -23,6 +23,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 
 from mcp_server import __version__
+from mcp_server.common import procs
 from mcp_server.loop.models import (
     BudgetResult,
     ExperimentResult,
@@ -225,6 +226,8 @@ def serve(workspace: Path | str, http: bool = False, host: str = "127.0.0.1", po
     # stdio: the client owns this process. Leave when it goes away, even if it left stdin open (a client's
     # background daemon can hold the pipe), and once stdin closes, even with a tool call still running.
     ppid = os.getppid()
+    for sig in (signal.SIGTERM, signal.SIGHUP):   # told to end: the run in flight is interrupted, not a crash
+        signal.signal(sig, lambda *_: _shutdown())
     _exit_with_parent(ppid)
     _exit_on_stdin_hangup()
     log.info("serving %s on stdio for parent process %d", workspace, ppid)
@@ -294,7 +297,9 @@ def _children(pid: int) -> list[int]:
 
 def _shutdown(grace_s: float = 2.0) -> None:
     """End this server now: its children's process groups (a training run, git) get SIGTERM, then SIGKILL;
-    a run cut short is marked interrupted by the next server's recovery."""
+    a run cut short is marked interrupted (by the tool call, if it can record it within the grace, else by the
+    next server's recovery), never as a crash of the change it measured."""
+    procs.note_stopping()
     me, groups = os.getpid(), set()
     for child in _children(me):
         try:

@@ -42,8 +42,19 @@ def run_experiment(args) -> int:
     def progress(step, loss, elapsed, remaining):
         print(f"step {step} loss {loss:.4f} {remaining:.0f}s left", file=sys.stderr)
 
+    from mcp_server.common import procs
+    from mcp_server.loop.errors import LoopError
+
     with open_engine(args) as eng:
-        res = eng.run_experiment(args.description, args.hypothesis, args.confirm_of, on_progress=progress)
+        try:
+            last = eng.recent_experiments(limit=1)
+        except LoopError:
+            last = []
+        try:
+            res = eng.run_experiment(args.description, args.hypothesis, args.confirm_of, on_progress=progress)
+        except KeyboardInterrupt:   # Ctrl-C, SIGTERM, SIGHUP (cli/main.py): say what was stopped and where things are
+            print(f"interrupted: {eng.interruption_summary(last[0]['id'] if last else 0)}", file=sys.stderr)
+            return procs.stop_exit_code()
         print(res.model_dump_json(indent=2))
     deliver_events(eng.ws.root)
     return 0
@@ -66,7 +77,10 @@ def revert_args(sp) -> None:
 
 def revert(args) -> int:
     with open_engine(args) as eng:
-        print(eng.revert(args.to).model_dump_json(indent=2))
+        res = eng.revert(args.to)
+        print(res.model_dump_json(indent=2))
+        if res.backup:
+            print(f"loopwright: your uncommitted edit was saved to {res.backup} before the revert", file=sys.stderr)
     return 0
 
 
