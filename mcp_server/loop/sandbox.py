@@ -493,6 +493,21 @@ def corpus_is_public(corpus: str) -> bool:
     return corpus == "stdlib"
 
 
+def all_state(ws) -> list[Path]:
+    """The folders holding every workspace's state dir: the state home's, and the one this state dir
+    sits in; not one that holds the workspace itself (an executor's working copy keeps its ws/ and
+    state/ side by side)."""
+    from mcp_server.loop.workspace import state_home
+
+    root = Path(_real(ws.root))
+    out = []
+    for d in (Path(ws.state_dir).parent, state_home() / "workspaces"):
+        real = Path(_real(d))
+        if real not in out and not _under(str(root), str(real)) and not _under(str(real), str(root)):
+            out.append(real)
+    return out
+
+
 def corpus_sources(ws) -> list[Path]:
     """The workspace's corpus on disk when it is a PATH (the named ones are downloaded into the hidden
     state dir, except stdlib, which no sandbox that runs Python can hide: see the README)."""
@@ -514,8 +529,7 @@ def training_command(ws, argv: Sequence[str], *, view: os.PathLike | str, scratc
              if p.is_file() and not p.is_symlink() and not p.name.startswith(".")}
     # every workspace's state (another workspace on the same corpus holds the same val/test text), and
     # the corpus the splits were cut from: held-out text train.py can read is a score it can forge
-    hide = [ws.state_dir, Path(ws.state_dir).parent, Path(ws.root) / ".loopwright", mount.parent,
-            *corpus_sources(ws)]
+    hide = [ws.state_dir, Path(ws.root) / ".loopwright", mount.parent, *all_state(ws), *corpus_sources(ws)]
     return build_command(argv, mode="train", workspace=ws.root, hide=hide, scratch=scratch, files=files,
                          env=env, cwd=ws.root, info=info)
 
