@@ -149,13 +149,16 @@ def test_shadow_modules_in_the_workspace_do_not_reach_the_evaluator(ws):
 def test_secrets_never_reach_train_py(ws, monkeypatch):
     monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-secret-value")
     monkeypatch.setenv("JIRA_API_TOKEN", "jira-secret-value")
+    monkeypatch.setenv("TORCH_HUB_TOKEN", "hub-secret-value")      # a kept prefix does not carry a credential
+    monkeypatch.setenv("TORCH_HOME", "/opt/torch-home")             # ... and a plain setting still passes
     eng = _engine_with_baseline(ws)
     res = _run(eng, "import json\n"
                     "json.dump(dict(os.environ), open(os.environ['LOOPWRIGHT_RUN_DIR'] + '/env.json', 'w'))\n")
     assert res.status == "ok"
     env = json.loads((ws.run_dir(res.experiment_id) / "scratch" / "env.json").read_text())
-    assert "SLACK_BOT_TOKEN" not in env and "JIRA_API_TOKEN" not in env
+    assert "SLACK_BOT_TOKEN" not in env and "JIRA_API_TOKEN" not in env and "TORCH_HUB_TOKEN" not in env
     assert "secret-value" not in json.dumps(env)
+    assert env["TORCH_HOME"] == "/opt/torch-home"
     assert env["LOOPWRIGHT_SEED"] == str(res.seed)
 
 

@@ -60,10 +60,14 @@ _ENV_KEEP = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "TMPDIR", "TZ
              "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE",
              "OPENBLAS_L2_SIZE", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "CONDA_PREFIX", "XDG_CACHE_HOME")
 _ENV_KEEP_PREFIX = ("PYTORCH_", "TORCH_", "CUDA_", "NCCL_", "TRITON_", "HSA_", "ROCM_", "MPS_")
+# ... except a name that says it holds a credential, whatever its prefix (red team: TORCH_HUB_TOKEN
+# reached train.py, and through its log tail the agent)
+_ENV_SECRET = re.compile(r"TOKEN|SECRET|PASS|KEY|AUTH|CRED|COOKIE|SESSION", re.IGNORECASE)
 
 
 def clean_env(extra: dict[str, str]) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k in _ENV_KEEP or k.startswith(_ENV_KEEP_PREFIX)}
+    env = {k: v for k, v in os.environ.items()
+           if (k in _ENV_KEEP or k.startswith(_ENV_KEEP_PREFIX)) and not _ENV_SECRET.search(k)}
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env.update(extra)
