@@ -202,7 +202,7 @@ def test_dst_days_ticking_every_minute_start_one_session_per_day(tmp_path, day):
 
 
 def test_install_lines():
-    out = install_lines("/srv/ws", "/opt/venv/bin/python")
+    out = install_lines("/srv/ws", "/opt/venv/bin/python", env={})
     assert out["crontab"].startswith("* * * * * cd /srv/ws && /opt/venv/bin/python -m mcp_server.cli cron --once")
     assert "ExecStart=/opt/venv/bin/python -m mcp_server.cli cron --once" in out["service"]
     assert "WorkingDirectory=/srv/ws" in out["service"]

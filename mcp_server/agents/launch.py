@@ -2,7 +2,7 @@
 
     launch_session(root, agent="claude", trigger="cron", detail="...", max_session_minutes=120) -> session id
 
-The cron and webhook triggers call this (they hold .loopwright/session.lock themselves);
+The cron and webhook triggers call this (they hold session.lock in the state directory themselves);
 `loopwright launch` takes the lock and calls it too.
 
 What a session gets:
@@ -34,7 +34,7 @@ What a session gets:
   server (up to 60 s instead of 5 s; the Python server takes seconds to start) before its first turn.
 - **A record.** One `sessions` row (start, end, exit code, turns, cost, a short detail JSON)
   whatever happens (clean exit, crash, kill at the limit, Ctrl-C), the client's output in
-  `.loopwright/sessions/<id>-<agent>/` with secret values masked, and a `session_end`
+  `sessions/<id>-<agent>/` of the state directory with secret values masked, and a `session_end`
   event in the outbox ({agent, trigger, exit_code, cost_usd, turns, experiments, kept}).
 
 Cost and turns: Claude's final `result` event (total_cost_usd, num_turns). Codex has no cost
@@ -445,7 +445,9 @@ def launch_session(root: Path | str, agent: str, trigger: str = "manual", detail
         budget = eng.budget(campaign)
         if budget.should_stop:
             raise LaunchError(f"not starting a {agent} session in {ws.root}: the campaign budget says stop "
-                              f"({'; '.join(budget.reasons)}). Raise the limits in loopwright.toml [budget], clear a "
+                              f"({'; '.join(budget.reasons)}). Raise a limit with `loopwright config set "
+                              f"budget.<key> VALUE` (e.g. budget.max_experiments; budgets live in the state "
+                              f"directory's settings.toml, edits of loopwright.toml are ignored), clear a "
                               f"stop request with `loopwright stop --clear`, or start a new campaign "
                               f"(`loopwright init {ws.root} --tag NEW`).")
         env = client_env(0, ws.root)

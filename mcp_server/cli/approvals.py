@@ -52,6 +52,8 @@ def approve(args) -> int:
                                                       file=sys.stderr))
     for line in lines:
         print(line)
+    if not lines and args.approval_id is None:
+        print("nothing to apply: no approved change waits to be applied (`loopwright status` lists what waits)")
     _deliver(root)
     return 0
 

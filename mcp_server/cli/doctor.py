@@ -37,6 +37,10 @@ def _workspace_checks(start: Optional[str]) -> tuple[list[Check], Optional[Path]
         ws = Workspace.find(start)
     except (WorkspaceError, ConfigError) as e:
         return [Check(False, f"workspace: {e}", "run `loopwright init DIR` (or pass --workspace DIR)")], None
+    try:
+        ws.settings()   # the settings file too: a hand edit can break it
+    except ConfigError as e:
+        return [Check(False, f"settings: {e}", _fix_for(e))], ws.root
     out.append(Check(True, f"workspace {ws.root} (config valid)"))
     from mcp_server.loop.sandbox import PUBLIC_CORPUS_NOTE, corpus_is_public
 
@@ -60,12 +64,26 @@ def _workspace_checks(start: Optional[str]) -> tuple[list[Check], Optional[Path]
         b = eng.budget()
         out.append(Check(not b.should_stop, "budget remains" if not b.should_stop else
                          f"budget spent: {'; '.join(b.reasons)}",
-                         "raise [budget] in loopwright.toml or `loopwright stop --clear`"))
+                         "raise a limit with `loopwright config set budget.<key> VALUE` (budgets live in the state "
+                         "directory's settings.toml; edits of loopwright.toml are ignored) or `loopwright stop --clear`"))
     except Exception as e:  # noqa: BLE001
-        out.append(Check(False, str(e), "check out the campaign branch: git checkout loopwright/<tag>"))
+        out.append(Check(False, str(e), _fix_for(e)))
     finally:
         eng.close()
     return out, ws.root
+
+
+def _fix_for(e: Exception) -> str:
+    """What to do about an error raised while opening the campaign."""
+    from mcp_server.loop.settings import SettingsError
+
+    if isinstance(e, SettingsError):
+        return ("the loop's settings file is broken: fix the file named above by hand in an editor, or run "
+                "`loopwright config edit` (it opens the broken file and saves it once valid); "
+                "`loopwright config path` prints where it is")
+    if "branch" in str(e) or "checkout" in str(e):
+        return "check out the campaign branch: git checkout loopwright/<tag>"
+    return "run `loopwright status` to see the error in context; `loopwright doctor` again once it is fixed"
 
 
 def _hook_checks(root: Optional[Path], state_dir: Optional[Path] = None) -> list[Check]:
@@ -100,19 +118,33 @@ def _server_check(root: Optional[Path]) -> list[Check]:
     if root is None:
         return []
     import asyncio
+    import tempfile
 
     from mcp import Client, StdioServerParameters
+    from mcp.client.stdio import stdio_client
 
-    async def probe() -> list[str]:
-        params = StdioServerParameters(command=sys.executable,
-                                       args=["-m", "mcp_server.cli", "serve", "--workspace", str(root)])
-        async with Client(params) as c:
+    # the server gets this process's environment (LOOPWRIGHT_HOME, XDG_DATA_HOME: where the state lives), as a
+    # client started from this shell would; the SDK's default passes only HOME, PATH and a few more
+    params = StdioServerParameters(command=sys.executable, env=dict(os.environ),
+                                   args=["-m", "mcp_server.cli", "serve", "--workspace", str(root)])
+
+    async def probe(errlog) -> list[str]:
+        async with Client(stdio_client(params, errlog=errlog)) as c:
             return [t.name for t in (await c.list_tools()).tools]
 
-    try:
-        tools = asyncio.run(asyncio.wait_for(probe(), 60))
-    except Exception as e:  # noqa: BLE001
-        return [Check(False, f"MCP server did not start: {e}", "run `loopwright serve` by hand to see the error")]
+    with tempfile.TemporaryFile("w+", encoding="utf-8") as errlog:
+        try:
+            tools = asyncio.run(asyncio.wait_for(probe(errlog), 60))
+        except Exception as e:  # noqa: BLE001
+            return [Check(False, f"MCP server did not start: {e}", "run `loopwright serve` by hand to see the error")]
+        errlog.seek(0)
+        err = errlog.read()
+    # a server that cannot open the workspace still starts (so an agent can read why) and says so on stderr
+    broken = next((line.split("loopwright: ", 1)[1] for line in err.splitlines()
+                   if "loopwright: " in line and "serving anyway" in line), None)
+    if broken:
+        return [Check(False, f"MCP server starts but cannot open the workspace: {broken}",
+                      "fix what it says (every tool call would fail with it), then `loopwright doctor` again")]
     return [Check("run_experiment" in tools, f"MCP server answers over stdio ({len(tools)} tools)")]
 
 
@@ -239,6 +271,11 @@ def write_codex_config(root: Path, config_path: Path) -> str:
 
     block = codex_block(root)
     text = config_path.read_text() if config_path.is_file() else ""
+    try:
+        tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise RuntimeError(f"{config_path} is not valid TOML ({e}); fix it first (Codex cannot read it either), "
+                           "or pass --config PATH to write another file") from None
     if MARK_BEGIN in text and MARK_END in text:
         head, rest = text.split(MARK_BEGIN, 1)
         text = head + block + rest.split(MARK_END, 1)[1].lstrip("\n")

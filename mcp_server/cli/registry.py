@@ -43,7 +43,15 @@ class Command:
         return getattr(self._module(), self.target.partition(":")[2])
 
     def args_builder(self) -> Optional[ArgsBuilder]:
-        return getattr(self._module(), self.target.partition(":")[2] + "_args", None)
+        own: Optional[ArgsBuilder] = getattr(self._module(), self.target.partition(":")[2] + "_args", None)
+
+        def build(parser: argparse.ArgumentParser) -> None:
+            # --debug after the command too (`loopwright init DIR --debug`), as the error hint suggests;
+            # absent, it leaves the global option's value alone
+            parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
+            if own is not None:
+                own(parser)
+        return build
 
 
 COMMANDS: dict[str, Command] = {}
@@ -65,7 +73,7 @@ for _command in (
     Command("export-tsv", "workspace:export_tsv", "results.tsv in autoresearch's columns"),
     Command("report", "workspace:report", "write progress.png, report.md and results.tsv to .loopwright/reports/"),
     Command("config", "settings:config", "the human's operational settings (budget, schedules, connectors): "
-                                         "show | get KEY | set KEY VALUE | unset KEY | edit"),
+                                         "show | get KEY | set KEY VALUE | unset KEY | edit | path"),
     Command("migrate", "settings:migrate", "move an old workspace's state (.loopwright/state.db, data, runs) out "
                                            "of the agent's reach; --relink after moving a workspace"),
     # the loop by hand, and the MCP server agents drive it through
@@ -92,7 +100,8 @@ for _command in (
     Command("launch", "agents:launch", "run one headless claude / codex / builtin session, recorded in the ledger "
                                        "(budget caps, wall-clock limit)"),
     # what starts sessions and what tells people
-    Command("cron", "triggers:cron", "start agent sessions on the [[schedule]] entries of loopwright.toml"),
+    Command("cron", "triggers:cron", "start agent sessions on the schedules in the loop's settings "
+                                     "(`loopwright config set schedule.0.cron ...`)"),
     Command("webhook", "triggers:webhook", "receive GitHub / Slack / Jira / signed webhooks that start sessions"),
     Command("notify", "triggers:notify", "deliver pending Slack / Jira messages now"),
     # the clients' side: wiring checks, Codex config, the hook entry point

@@ -44,7 +44,7 @@ def loop_state_home() -> str:
 _DESCRIPTIONS = {
     "prepare.py": "the frozen evaluator",
     "program.md": "the research spec you follow",
-    "loopwright.toml": "the loop's frozen configuration: budgets, paths, metric",
+    "loopwright.toml": "the loop's frozen configuration: benchmark, paths, noise",
     "agents.md": "the agent instructions", "claude.md": "the agent instructions",
     ".mcp.json": "the client configuration", ".claude": "the client configuration",
     ".codex": "the client configuration", ".gitignore": "what keeps the loop's state out of git",

@@ -48,8 +48,28 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def tag_problem(tag: str) -> Optional[str]:
+    """Why `tag` cannot name a campaign (its branch is loopwright/<tag>; git's ref-name rules), or None."""
+    if not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", tag or ""):
+        return (f"campaign tag {tag!r} is not allowed: use 1 to 64 letters, digits, '.', '_' or '-' "
+                "(it names the branch loopwright/<tag>), e.g. --tag lr-sweep-2")
+    if tag.startswith(".") or tag.endswith(".") or ".." in tag or tag.endswith(".lock"):
+        return (f"campaign tag {tag!r} cannot name a git branch (loopwright/{tag}): git refuses names that start "
+                "or end with '.', contain '..' or end with '.lock'; e.g. --tag lr-sweep-2")
+    return None
+
+
 class CampaignConfig(_Section):
-    tag: str = Field(default="main", pattern=r"^[A-Za-z0-9._-]{1,64}$")
+    tag: str = Field(default="main")
+
+    @field_validator("tag")
+    @classmethod
+    def _valid_tag(cls, v: str) -> str:
+        problem = tag_problem(v)
+        if problem:
+            raise ValueError(problem)
+        return v
+
     agent: Literal["claude", "codex", "builtin"] = "builtin"
     # the autonomy slider (operational: the human's to change): who closes each cycle
     autonomy: Literal["closed", "approve-keeps", "approve-runs"] = "closed"
@@ -184,6 +204,51 @@ class ScheduleConfig(_Section):
         return v
 
 
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_TOKEN_PREFIX = re.compile(r"^(xox[a-z]-|xapp-|ghp_|gho_|ghs_|github_pat_|glpat-|sk-|ATATT)")
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+
+
+def looks_like_token(value: str) -> bool:
+    """A secret pasted where the *name* of its environment variable belongs (Slack xoxb-/xoxp-/xapp- and
+    other known prefixes, or a long random-looking string; a variable name is short words in one case)."""
+    v = str(value).strip()
+    if _TOKEN_PREFIX.match(v):
+        return True
+    if len(v) < 20:
+        return False
+    mixed = bool(re.search(r"[a-z]", v) and re.search(r"[A-Z]", v) and re.search(r"[0-9]", v))
+    return mixed or (len(v) >= 32 and bool(re.search(r"[a-z]", v) and re.search(r"[0-9]", v)))
+
+
+def check_env_name(key: str, value: str) -> str:
+    if looks_like_token(value):
+        raise ValueError(f"{key} looks like a token, not the name of an environment variable: secrets are never "
+                         "stored in the settings. Export the token (e.g. `export SLACK_BOT_TOKEN=...` where "
+                         f"loopwright runs) and set {key} to the variable's NAME")
+    if not _ENV_NAME.match(value or ""):
+        raise ValueError(f"{key} must be the name of an environment variable (letters, digits and _, not "
+                         f"starting with a digit, e.g. SLACK_BOT_TOKEN); got {value!r}")
+    return value
+
+
+def check_token_url(key: str, value: str) -> str:
+    """A URL a token is sent to: http(s) with a host; https unless the host is this machine."""
+    from urllib.parse import urlsplit
+
+    try:
+        u = urlsplit(value.strip())
+        host = u.hostname
+    except ValueError:
+        host, u = None, None
+    if u is None or u.scheme not in ("http", "https") or not host:
+        raise ValueError(f"{key} {value!r} is not an http(s) URL with a host (e.g. https://slack.example.com/api/)")
+    if u.scheme == "http" and host not in LOOPBACK_HOSTS:
+        raise ValueError(f"{key} {value!r} is plain http: the token would travel unencrypted; use https (plain "
+                         f"http only for a server on this machine: {', '.join(LOOPBACK_HOSTS)})")
+    return value
+
+
 class SlackConfig(_Section):
     channel: Optional[str] = None
     token_env: str = "SLACK_BOT_TOKEN"
@@ -272,11 +337,11 @@ class LoopwrightConfig(_Section):
         return out
 
 
-def _format_error(path: Path, err: ValidationError) -> str:
+def _format_error(path: Path | str, err: ValidationError) -> str:
     lines = [f"{path}: invalid configuration ({err.error_count()} problem(s)):"]
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        msg = e["msg"]
+        msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown key; remove it or check the spelling (see README, 'loopwright.toml')"
         elif e["type"] == "missing":

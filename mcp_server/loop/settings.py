@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 
 from mcp_server.loop import config as cfgmod
 from mcp_server.loop.config import (
@@ -50,12 +50,28 @@ class Settings(cfgmod._Section):
     webhook: WebhookConfig = Field(default_factory=WebhookConfig)
     executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
 
+    @field_validator("slack", "jira", "webhook")
+    @classmethod
+    def _connector(cls, v: Any) -> Any:
+        """Values that cannot work, checked here (what the loop uses) and not in loopwright.toml's models
+        (copies there are ignored): *_env must name a variable, never hold the secret; the hosts a token
+        goes to must be http(s) URLs, https unless on this machine."""
+        if v is None:
+            return v
+        for name in type(v).model_fields:
+            value = getattr(v, name)
+            if name.endswith("_env"):
+                cfgmod.check_env_name(name, value)
+            elif name in ("base_url", "server") and value is not None:
+                cfgmod.check_token_url(name, value)
+        return v
+
 
 def validate(data: dict, where: str = SETTINGS_NAME) -> Settings:
     try:
         return Settings.model_validate(data)
     except ValidationError as e:
-        raise SettingsError(cfgmod._format_error(Path(where), e).replace(
+        raise SettingsError(cfgmod._format_error(where, e).replace(
             "(see README, 'loopwright.toml')", "(`loopwright config show` lists the keys)")) from None
 
 
@@ -67,11 +83,13 @@ def to_text(s: Settings) -> str:
     return _HEADER + cfgmod.toml_text(data_of(s))
 
 
-def parse(text: str, where: str = SETTINGS_NAME) -> Settings:
+def parse(text: str, where: str = SETTINGS_NAME, hint: bool = True) -> Settings:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise SettingsError(f"{where}: not valid TOML ({e})") from None
+        raise SettingsError(f"{where}: not valid TOML ({e})" + (
+            "; fix it by hand in an editor, or with `loopwright config edit` (it opens the file as it is and "
+            "saves it once valid)" if hint else "")) from None
     return validate(data, where)
 
 
@@ -150,9 +168,17 @@ def _split(key: str) -> list[Any]:
     return parts
 
 
+def _known(parts: list[Any]) -> bool:
+    shape = ".".join("N" if isinstance(p, int) else str(p) for p in parts)
+    return shape in Settings.model_fields or shape in keys()
+
+
 def get(s: Settings, key: str) -> Any:
     cur: Any = s.model_dump(mode="json")
-    for p in _split(key):
+    parts = _split(key)
+    if not _known(parts):
+        raise SettingsError(f"unknown key {key!r}; `loopwright config show --keys` lists every key")
+    for p in parts:
         try:
             cur = cur[p]
         except (KeyError, IndexError, TypeError):
@@ -171,13 +197,17 @@ def parse_value(raw: str) -> Any:
 def set_value(s: Settings, key: str, raw: str) -> Settings:
     parts = _split(key)
     value = parse_value(raw)
+    where = key    # not the value: it may be a secret pasted where its variable's name belongs
     try:
-        return validate(_assign(data_of(s), parts, value, key), f"{key} = {raw}")
-    except SettingsError:
+        return validate(_assign(data_of(s), parts, value, key), where)
+    except SettingsError as first:
         if isinstance(value, str):
             raise
         # `set slack.channel 123`: a number where a string belongs
-        return validate(_assign(data_of(s), parts, raw, key), f"{key} = {raw}")
+        try:
+            return validate(_assign(data_of(s), parts, raw, key), where)
+        except SettingsError:
+            raise first from None
 
 
 def unset(s: Settings, key: str) -> Settings:

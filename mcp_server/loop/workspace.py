@@ -82,6 +82,16 @@ def state_home() -> Path:
     return (Path(base).expanduser() / "loopwright").resolve()
 
 
+def state_home_note() -> str:
+    """Which variable decided state_home() here, for messages about a state directory not found."""
+    if os.environ.get("LOOPWRIGHT_HOME"):
+        return f"LOOPWRIGHT_HOME is set ({os.environ['LOOPWRIGHT_HOME']}), so state lives under {state_home()}."
+    if os.environ.get("XDG_DATA_HOME"):
+        return (f"LOOPWRIGHT_HOME is not set and XDG_DATA_HOME is ({os.environ['XDG_DATA_HOME']}), so state lives "
+                f"under {state_home()}.")
+    return f"Neither LOOPWRIGHT_HOME nor XDG_DATA_HOME is set, so state lives under {state_home()}."
+
+
 def state_dir_for(workspace_id: str) -> Path:
     if not _ID_RE.match(workspace_id or ""):
         raise StateDirError(f"workspace id {workspace_id!r} is malformed (letters, digits, . _ - only); "
@@ -102,8 +112,11 @@ def check_state_dir(state: Path, root: Path) -> None:
     try:
         st = os.lstat(state)
     except FileNotFoundError:
-        raise StateDirError(f"the state directory {state} does not exist; if this workspace was moved from "
-                            "another machine or its state was deleted, re-create it with `loopwright init`") from None
+        raise StateDirError(f"the state directory {state} does not exist. {state_home_note()} If this "
+                            "process runs with a different LOOPWRIGHT_HOME / XDG_DATA_HOME than the one that "
+                            "created the workspace (cron, systemd, an MCP client's environment), set it the same "
+                            "here; if the workspace was moved from another machine or its state was deleted, "
+                            "re-create it with `loopwright init`") from None
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
         raise StateDirError(f"{state} is a symlink or not a directory; the loop's state must be a plain "
                             "directory outside the workspace")
@@ -247,7 +260,10 @@ class Workspace:
             return
         if not found:
             return
-        mine = setmod.data_of(self.settings())
+        try:
+            mine = setmod.data_of(self.settings())
+        except setmod.SettingsError:
+            return      # a broken settings file is reported where it is used (and `loopwright config edit` fixes it)
         try:
             theirs = setmod.data_of(setmod.Settings.model_validate({**mine, **found}))
         except Exception:  # noqa: BLE001 - invalid copies are ignored just the same

@@ -34,6 +34,8 @@ class Event:
 
 
 
+MIN_SECRET_LEN = 8
+
 _SECRET_PATTERNS = [
     (re.compile(r"xox[a-z]-[A-Za-z0-9-]+"), "xox*-***"),                                   # Slack tokens
     (re.compile(r"hooks\.slack\.com/services/[A-Za-z0-9/_-]+"), "hooks.slack.com/services/***"),
@@ -44,7 +46,8 @@ _SECRET_PATTERNS = [
 def redact(text: str, secret_values: Iterable[Optional[str]] = ()) -> str:
     """`text` without the given secret values and anything shaped like a token or credential."""
     for s in secret_values:
-        if s:
+        # a value this short is no real token, and masking it would mangle ordinary words
+        if s and len(s) >= MIN_SECRET_LEN:
             text = text.replace(s, "***")
     for pat, repl in _SECRET_PATTERNS:
         text = pat.sub(repl, text)

@@ -209,7 +209,8 @@ def plot_progress(data: ReportData, path: Path) -> PlotInfo:
     ax.set_ylabel("val_bpb (lower is better)")
     ax.set_title(data.title)
     ax.grid(alpha=0.25)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)   # never over a point
+    if ax.get_legend_handles_labels()[0]:   # none before the first experiment (matplotlib would warn)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)   # never over a point
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)

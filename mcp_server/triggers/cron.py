@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 from zoneinfo import ZoneInfo
 
 from croniter import croniter
@@ -75,6 +75,10 @@ class TickResult:
     outcome: str             # started | failed | skipped-grace | skipped-locked | initialized
     fire: Optional[datetime] = None
     detail: str = ""
+
+    def __str__(self) -> str:
+        when = f" (fire time {self.fire:%Y-%m-%d %H:%M %Z})" if self.fire else ""
+        return f"schedule '{self.schedule}': {self.outcome}{when}" + (f": {self.detail}" if self.detail else "")
 
 
 class Scheduler:
@@ -211,16 +215,26 @@ def serve_forever(root: Path | str) -> int:
     return 0
 
 
-def install_lines(workspace: Path | str, python: str) -> dict[str, str]:
+# Where the state directory is found (workspace.state_home): a tick run without them looks elsewhere and fails.
+STATE_ENV = ("LOOPWRIGHT_HOME", "XDG_DATA_HOME")
+
+
+def install_lines(workspace: Path | str, python: str, env: Optional[Mapping[str, str]] = None) -> dict[str, str]:
     """Text for running `loopwright cron --once` every minute from system cron or a systemd timer
-    (the schedules themselves stay in the settings). Keys: crontab, service, timer."""
+    (the schedules themselves stay in the settings). Keys: crontab, service, timer. The STATE_ENV
+    variables set in `env` (default: this process's environment) are carried into both, as absolute paths."""
+    env = os.environ if env is None else env
+    carried = {k: str(Path(env[k]).expanduser().resolve()) for k in STATE_ENV if env.get(k)}
     ws, py = Path(workspace).resolve(), shlex.quote(python)
     cmd = f"{py} -m mcp_server.cli cron --once"   # run in the workspace: the CLI finds it from the cwd
     log_path = shlex.quote(str(ws / ".loopwright" / "cron.log"))
-    crontab = f"* * * * * cd {shlex.quote(str(ws))} && {cmd} >> {log_path} 2>&1\n"
+    # in a crontab line an unescaped % ends the command
+    assigns = "".join(f"{k}={shlex.quote(v)} ".replace("%", "\\%") for k, v in carried.items())
+    crontab = f"* * * * * cd {shlex.quote(str(ws))} && {assigns}{cmd} >> {log_path} 2>&1\n"
+    environment = "".join(f'Environment="{k}={v}"\n'.replace("%", "%%") for k, v in carried.items())
     service = ("# save as ~/.config/systemd/user/loopwright-cron.service (or /etc/systemd/system/)\n"
                "[Unit]\nDescription=loopwright scheduled sessions (one tick)\n\n"
-               f"[Service]\nType=oneshot\nWorkingDirectory={ws}\nExecStart={cmd}\n")
+               f"[Service]\nType=oneshot\nWorkingDirectory={ws}\n{environment}ExecStart={cmd}\n")
     timer = ("# save as loopwright-cron.timer next to the service, then enable --now the timer\n"
              "[Unit]\nDescription=loopwright cron tick every minute\n\n"
              "[Timer]\nOnCalendar=*-*-* *:*:00\nPersistent=true\n\n[Install]\nWantedBy=timers.target\n")

@@ -48,7 +48,12 @@ def codex_config(args) -> int:
         sys.stdout.write(codex_block(root))
         return 0
     path = Path(args.config or Path(os.environ.get("CODEX_HOME", Path.home() / ".codex")) / "config.toml")
-    print(f"wrote loopwright's MCP server and hooks to {write_codex_config(root, path)}")
+    try:
+        written = write_codex_config(root, path)
+    except (RuntimeError, OSError) as e:
+        print(f"loopwright codex-config: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote loopwright's MCP server and hooks to {written}")
     print("Codex runs hooks only once they are trusted: open Codex and review them with /hooks, or pass "
           "--dangerously-bypass-hook-trust to `codex exec` (hooks that are not trusted silently do not run).")
     return 0

@@ -27,7 +27,7 @@ def config_args(p) -> None:
     s.add_argument("value")
     u = sub.add_parser("unset", help="back to the default (a whole [slack] or [jira] section is removed)")
     u.add_argument("key")
-    sub.add_parser("edit", help="edit settings.toml in $EDITOR; saved only if valid")
+    sub.add_parser("edit", help="edit settings.toml in $VISUAL / $EDITOR (also a broken one); saved only if valid")
     sub.add_parser("path", help="print where the settings live")
 
 
@@ -44,10 +44,18 @@ def config(args) -> int:
     action = args.action or "show"
     try:
         ws = _open(args)
-        current = ws.settings()
         if action == "path":
             print(ws.settings_path)
             return 0
+        if action == "edit":     # before loading them: edit is how a broken file gets fixed
+            new = _edit(ws.settings_path)
+            if new is None:
+                print("no change")
+                return 0
+            setmod.save(ws.settings_path, new)
+            print(f"saved {ws.settings_path}; the loop uses it at its next check")
+            return 0
+        current = ws.settings()
         if action == "show":
             if args.keys:
                 print("\n".join(setmod.keys()))
@@ -65,11 +73,6 @@ def config(args) -> int:
             new = setmod.set_value(current, args.key, args.value)
         elif action == "unset":
             new = setmod.unset(current, args.key)
-        elif action == "edit":
-            new = _edit(current)
-            if new is None:
-                print("no change")
-                return 0
         else:
             print(f"loopwright config: unknown action {action!r}; use show, get, set, unset, edit or path",
                   file=sys.stderr)
@@ -78,33 +81,56 @@ def config(args) -> int:
     except (setmod.SettingsError, WorkspaceError) as e:
         print(f"loopwright config: {e}", file=sys.stderr)
         return 2
-    if action in ("set", "unset"):
-        try:
-            shown = json.dumps(setmod.get(new, args.key))
-        except setmod.SettingsError:
-            shown = "(default)"
-        shown = "(not set)" if shown == "null" else shown
-        print(f"{args.key} = {shown}  (saved to {ws.settings_path}; the loop uses it at its next check)")
-    else:
-        print(f"saved {ws.settings_path}; the loop uses it at its next check")
+    try:
+        shown = json.dumps(setmod.get(new, args.key))
+    except setmod.SettingsError:
+        shown = "(default)"
+    shown = "(not set)" if shown == "null" else shown
+    print(f"{args.key} = {shown}  (saved to {ws.settings_path}; the loop uses it at its next check)")
     return 0
 
 
-def _edit(current):
+def _edit(settings_path: Path):
+    """Edit a copy of the settings file in $VISUAL / $EDITOR; the new settings once they are valid, None
+    when unchanged. A broken file (invalid TOML or values) opens as it is, so that this is how to fix it;
+    an invalid edit is offered again on a terminal, refused otherwise (nothing saved)."""
     from mcp_server.loop import settings as setmod
 
     editor = os.environ.get("VISUAL") or os.environ.get("EDITOR") or "vi"
+    try:
+        text = setmod.to_text(setmod.load(settings_path))
+    except setmod.SettingsError as e:
+        text = settings_path.read_text(encoding="utf-8")
+        print(f"loopwright config: {settings_path} is broken ({str(e).splitlines()[0]}); opening it as it is",
+              file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="loopwright-settings-") as d:
         path = Path(d) / "settings.toml"
-        text = setmod.to_text(current)
-        path.write_text(text)
-        rc = subprocess.call([*shlex.split(editor), str(path)])
-        if rc != 0:
-            raise setmod.SettingsError(f"the editor ({editor}) exited with {rc}; nothing saved")
-        new_text = path.read_text()
-    if new_text == text:
-        return None
-    return setmod.parse(new_text, "the edited settings")   # invalid -> SettingsError, nothing saved
+        path.write_text(text, encoding="utf-8")
+        while True:
+            try:
+                rc = subprocess.call([*shlex.split(editor), str(path)])
+            except OSError as e:
+                raise setmod.SettingsError(f"cannot start the editor {editor!r} ({e.strerror or e}); set VISUAL or "
+                                           "EDITOR to an installed one (e.g. EDITOR=nano), or fix "
+                                           f"{settings_path} by hand") from None
+            if rc != 0:
+                raise setmod.SettingsError(f"the editor ({editor}) exited with {rc}; nothing saved")
+            new_text = path.read_text(encoding="utf-8")
+            if new_text == text:
+                try:    # unchanged, but a broken file still is broken
+                    setmod.parse(new_text, str(settings_path))
+                except setmod.SettingsError as e:
+                    raise setmod.SettingsError(f"no change made, and {e}") from None
+                return None
+            try:
+                return setmod.parse(new_text, "the edited settings", hint=False)
+            except setmod.SettingsError as e:
+                if not (sys.stdin.isatty() and sys.stderr.isatty()):
+                    raise setmod.SettingsError(f"{e}\nnothing saved; run `loopwright config edit` again") from None
+                print(f"loopwright config: {e}", file=sys.stderr)
+                answer = input("edit again? [Y/n] ").strip().lower()
+                if answer not in ("", "y", "yes"):
+                    raise setmod.SettingsError("nothing saved") from None
 
 
 def migrate_args(p) -> None:

@@ -20,8 +20,11 @@ def cron(args) -> int:
             print(f"# --- {name} ---\n{text.rstrip()}\n")
         return 0
     if args.once:
-        for result in cron_mod.tick(root):
+        results = cron_mod.tick(root)
+        for result in results:
             print(result)
+        if not results:
+            print("nothing due")
         return 0
     return cron_mod.serve_forever(root)
 
@@ -43,5 +46,10 @@ def notify(args) -> int:
     from mcp_server.loop.workspace import Workspace
     from mcp_server.notify.outbox import notify_workspace
 
-    print(notify_workspace(Workspace.find(args.workspace).root))
+    report = notify_workspace(Workspace.find(args.workspace).root)
+    print(report)
+    if report.failed and not report.delivered:
+        print("loopwright notify: every delivery failed (see the errors above); they are retried later",
+              file=sys.stderr)
+        return 1
     return 0

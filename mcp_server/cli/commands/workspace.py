@@ -13,8 +13,9 @@ def init_args(sp) -> None:
     sp.add_argument("--tag", default="main", help="campaign tag; branch loopwright/<tag>")
     sp.add_argument("--corpus", default="stdlib", help="stdlib (default, offline), tinystories, climbmix or a PATH")
     sp.add_argument("--time-budget", type=float, default=None, metavar="S",
-                    help="wall-clock seconds each experiment's train.py may run, start-up (imports, data loading, "
-                         "compilation) included; at least 30 (default 30)")
+                    help="seconds each experiment's train.py may run, start-up (imports, data loading, compilation) "
+                         "included, on the budget clock: CPU time without a GPU, wall-clock with one "
+                         "([benchmark] clock, default auto); at least 30 (default 30)")
     sp.add_argument("--force", action="store_true", help="allow a non-empty directory or an existing git repo")
     sp.add_argument("--wiring", choices=["auto", "plugin", "workspace"], default="auto",
                     help="how Claude Code / Codex reach loopwright: plugin (the installed plugin brings the server "
@@ -24,19 +25,30 @@ def init_args(sp) -> None:
 
 def init(args) -> int:
     from mcp_server.loop.budget import check_time_budget
+    from mcp_server.loop.config import CONFIG_NAME, tag_problem
     from mcp_server.loop.setup import init_workspace
 
     try:
         check_time_budget(args.time_budget)
     except ValueError as e:
         return usage_error("init", str(e))
+    if tag_problem(args.tag):
+        return usage_error("init", str(tag_problem(args.tag)))
+    target = Path(args.dir).expanduser()
+    if target.exists() and not target.is_dir():
+        return usage_error("init", f"{target} exists and is not a directory; name a new (or empty) directory "
+                                   "for the workspace")
     from mcp_server.agents.clients import installed_plugin, resolve_wiring
-    from mcp_server.loop.config import CONFIG_NAME
 
     wiring = resolve_wiring(args.wiring)
-    existing = (Path(args.dir).expanduser() / CONFIG_NAME).is_file()
-    ws = init_workspace(args.dir, tag=args.tag, corpus=args.corpus, time_budget=args.time_budget, force=args.force,
-                        wiring=wiring)
+    existing = (target / CONFIG_NAME).is_file()
+    try:
+        ws = init_workspace(args.dir, tag=args.tag, corpus=args.corpus, time_budget=args.time_budget,
+                            force=args.force, wiring=wiring)
+    except OSError as e:   # a directory that cannot be made or written (permissions, a file in the path)
+        where = f" ({e.filename})" if e.filename else ""
+        return usage_error("init", f"cannot create the workspace in {target}: {e.strerror or e}{where}; choose a "
+                                   "directory you can write")
     if existing:
         with ws.ledger() as ledger:
             others = [tag for tag, _ in ledger.campaign_names() if tag != args.tag]
@@ -183,7 +195,11 @@ def export_tsv(args) -> int:
     if args.output == "-":
         sys.stdout.write(text)
     else:
-        Path(args.output).write_text(text)
+        try:
+            Path(args.output).write_text(text)
+        except OSError as e:
+            return usage_error("export-tsv", f"cannot write {args.output}: {e.strerror or e}; check that its "
+                                             "directory exists and is writable (or use -o - for stdout)")
         print(f"wrote {args.output}")
     return 0
 
