@@ -209,7 +209,8 @@ class Engine:
         held = FileLock(self.ws.state_dir / "server.lock").try_acquire()
         if held is None:
             raise Busy("another experiment is running in this workspace (one at a time). Wait for it: "
-                       "call budget_check or state_read(view='history') in a minute.")
+                       "call budget_check or state_read(view='history') in a minute (from a shell: "
+                       "`loopwright status`).")
         with held:
             yield
 
@@ -902,7 +903,8 @@ class Engine:
                 gitops.reset_to(self.ws.root, commit)   # the branch itself moves (best, or a pending retest)
             else:
                 gitops.checkout_files(self.ws.root, commit, self.ws.cfg.paths.editable)
-            msg = f"{', '.join(self.ws.cfg.paths.editable)} now match commit {commit[:10]}"
+            files = self.ws.cfg.paths.editable
+            msg = f"{', '.join(files)} now {'matches' if len(files) == 1 else 'match'} commit {commit[:10]}"
             if backup is not None:
                 msg += f"; your uncommitted edit of {', '.join(sorted(lost))} was saved to {backup}"
             return RevertResult(commit=commit[:10], experiment_id=eid, files=self.ws.cfg.paths.editable,
