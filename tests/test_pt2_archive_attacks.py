@@ -316,3 +316,81 @@ def test_bundled_gpt_export_passes_the_check_unchanged(ws, prep, tmp_path, monke
     x = torch.randint(0, V, (prep.B_EVAL, prep.SEQ_LEN), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         assert torch.equal(checked(x), direct(x))
+
+
+# --------------------------------------------------------------------------- round 2: what the graph itself does
+# Archives exported normally (no hand-editing): the graph's own operators are the attack.
+
+class PrintsAVerdict(Bigram):
+    """aten._print writes to the evaluator's stdout: a forged verdict line (red team, round 2)."""
+
+    def forward(self, idx):
+        torch.ops.aten._print(json.dumps(FORGED))
+        return super().forward(idx)
+
+
+class CountsCalls(Bigram):
+    """State in a constant tensor, updated in place: behave while probed, then read the next token."""
+
+    def __init__(self, through_view: bool = False):
+        super().__init__()
+        self.calls = torch.zeros(1)
+        self.through_view = through_view
+
+    def forward(self, idx):
+        (self.calls.view(-1) if self.through_view else self.calls).add_(1.0)
+        ahead = torch.cat([idx[:, 1:], idx[:, -1:]], dim=1)
+        return super().forward(idx) + (self.calls > 40).float() * 30.0 * nn.functional.one_hot(ahead, V).float()
+
+
+class CountsInABuffer(Bigram):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("seen", torch.zeros(1))
+
+    def forward(self, idx):
+        self.seen += 1.0
+        return super().forward(idx)
+
+
+class InPlaceOnItsOwnActivations(Bigram):
+    """x += y on intermediates is ordinary model code and stays allowed."""
+
+    def forward(self, idx):
+        x = self.table[idx]
+        x += 1.0
+        x.mul_(self.scale)
+        return x
+
+
+@pytest.mark.parametrize("model, says", [(PrintsAVerdict, "reads files or prints"), (CountsCalls, "writes in place"),
+                                         (lambda: CountsCalls(through_view=True), "writes in place"),
+                                         (CountsInABuffer, "writes in place")],
+                         ids=["print", "constant", "constant-through-a-view", "buffer"])
+def test_graph_ops_that_print_or_keep_state_are_refused(ws, prep, tmp_path, model, says):
+    path = Path(prep.export_model(model(), str(tmp_path / "m.pt2")))
+    code, res, proc = evaluate(ws, path)
+    assert code == 1 and res["ok"] is False and says in res["reason"], proc.stdout[-500:] + proc.stderr[-500:]
+    assert "0.8123" not in proc.stdout
+
+
+def test_the_statelessness_check_sees_constants_too(ws, prep, tmp_path, monkeypatch):
+    """The second layer alone (the graph audit switched off): the state snapshot now covers what export
+    keeps as constants, not only weights and buffers, so the counting model is caught at its first call."""
+    path = Path(prep.export_model(CountsCalls(), str(tmp_path / "m.pt2")))
+    monkeypatch.setattr(prep, "_audit_graph", lambda ep: None)
+    with pytest.raises(prep.EvalError, match="changes its own state"):
+        prep.evaluate_exported(str(path), data_dir(ws))
+
+
+def test_in_place_ops_on_activations_still_score(ws, prep, tmp_path):
+    path = Path(prep.export_model(InPlaceOnItsOwnActivations(), str(tmp_path / "ok.pt2")))
+    code, res, proc = evaluate(ws, path)
+    assert code == 0 and res["ok"] is True, proc.stdout[-500:] + proc.stderr[-500:]
+
+
+def test_the_verdict_carries_the_callers_nonce(ws, honest):
+    code, res, _ = evaluate(ws, honest)
+    assert code == 0 and "nonce" not in res
+    code, res, _ = run_cli(ws, "evaluate", str(honest), "--nonce", "c0ffee")
+    assert code == 0 and res["nonce"] == "c0ffee"

@@ -1325,29 +1325,64 @@ def _no_code_in_load():
             setattr(mod, name, fn)
 
 
-FORBIDDEN_OPS = ("from_file",)  # aten ops that read files: a graph could read the split it is scored on
+# aten ops with effects outside the tensors: from_file reads a file (the split being scored), _print
+# writes to the evaluator's stdout (a forged verdict line: red team, 2026-12-01)
+FORBIDDEN_OPS = ("from_file", "_print")
+
+
+def _view_source(node):
+    """The node a view chain starts from (x.view(...).transpose(...) -> x)."""
+    while node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+        rets = node.target._schema.returns
+        if not (rets and rets[0].alias_info is not None and node.args and hasattr(node.args[0], "op")):
+            break
+        node = node.args[0]
+    return node
+
+
+def _audit_nodes(graph, held):
+    """One graph's nodes: torch operators only, none in FORBIDDEN_OPS, and none that writes in place
+    into a tensor the model holds (`held`: its weights, buffers and constants) -- a counter kept there
+    is state that survives from one call to the next (a model that behaves while probed, then reads
+    ahead: red team, 2026-12-01). In-place ops on the model's own intermediates stay allowed."""
+    import operator
+    for node in graph.nodes:
+        if node.op in ("call_module", "call_method"):
+            raise EvalError(f"the graph has a {node.op} node ({node.target}); export with prepare.export_model")
+        if node.op != "call_function":
+            continue
+        target = node.target
+        if target is operator.getitem:
+            continue
+        if not isinstance(target, (torch._ops.OpOverload, torch._ops.HigherOrderOperator)):
+            raise EvalError(f"the graph calls {target!r}, which is not a torch operator")
+        if any(bad in str(target) for bad in FORBIDDEN_OPS):
+            raise EvalError(f"the graph calls {target}, which reads files or prints (acts outside the "
+                            "tensors); not allowed")
+        if isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable:
+            args = list(node.args) + [node.kwargs.get(a.name) for a in target._schema.arguments[len(node.args):]]
+            for a, v in zip(target._schema.arguments, args):
+                if a.alias_info is not None and a.alias_info.is_write and hasattr(v, "op") \
+                        and (_view_source(v).op == "get_attr" or _view_source(v).name in held):
+                    raise EvalError(f"the graph writes in place into the model's own tensor "
+                                    f"{_view_source(v).target} ({target}): a model must be a pure function of "
+                                    "its input; stateful models are not allowed")
 
 
 def _audit_graph(ep):
-    """Only torch operators (and getitem on their results) may run; none that reads files.
-    torch.export never emits such nodes, but a hand-edited archive could."""
-    import operator
-    for node in ep.graph_module.graph.nodes:
-        if node.op == "call_function":
-            target = node.target
-            if target is operator.getitem:
-                continue
-            if not isinstance(target, (torch._ops.OpOverload, torch._ops.HigherOrderOperator)):
-                raise EvalError(f"the graph calls {target!r}, which is not a torch operator")
-            if any(bad in str(target) for bad in FORBIDDEN_OPS):
-                raise EvalError(f"the graph calls {target}, which reads files; not allowed")
-        elif node.op in ("call_module", "call_method"):
-            raise EvalError(f"the graph has a {node.op} node ({node.target}); export with prepare.export_model")
+    """Only torch operators (and getitem on their results) may run; none that reads files or
+    prints, none that changes the model's own tensors. torch.export never emits the first two
+    kinds, but a hand-edited archive could; the third it does emit (x.add_() on a constant)."""
+    sig = ep.graph_signature
+    held = {spec.arg.name for spec in sig.input_specs if spec.kind.name != "USER_INPUT"}
+    written = sorted(spec.kind.name for spec in sig.output_specs if spec.kind.name != "USER_OUTPUT")
+    if written:
+        raise EvalError(f"the model updates its own tensors in forward ({', '.join(written)}): a model must be a "
+                        "pure function of its input; stateful models are not allowed")
+    _audit_nodes(ep.graph_module.graph, held)
     for name, module in ep.graph_module.named_modules():
         if name and hasattr(module, "graph"):  # subgraphs of higher-order ops (cond, map, ...)
-            for node in module.graph.nodes:
-                if node.op == "call_function" and any(bad in str(node.target) for bad in FORBIDDEN_OPS):
-                    raise EvalError(f"the graph calls {node.target}, which reads files; not allowed")
+            _audit_nodes(module.graph, set())
 
 
 def evaluate_exported(model_path, data_dir=None):
@@ -1379,8 +1414,13 @@ def evaluate_exported(model_path, data_dir=None):
     # A model must be a pure function of its input: one that updates its own
     # buffers could carry information between calls (e.g. learn from val).
     def state():
+        """Every tensor the module holds (weights, buffers, and the plain tensor attributes export keeps
+        constants in), bitwise: NaN-safe."""
         tensors = list(module.named_parameters()) + list(module.named_buffers())
-        return {k: v.detach().contiguous().view(torch.uint8).clone() for k, v in tensors}  # bitwise: NaN-safe
+        for prefix, sub in module.named_modules():
+            tensors += [(f"{prefix}.{k}" if prefix else k, v) for k, v in vars(sub).items()
+                        if isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter)]
+        return {k: v.detach().contiguous().view(torch.uint8).clone() for k, v in tensors}
 
     initial = state()
 
@@ -1486,6 +1526,9 @@ def main(argv=None):
     pv = sub.add_parser("verify", help="check the data against the hashes in meta.json")
     pe = sub.add_parser("evaluate", help="score an exported model; prints one JSON line")
     pe.add_argument("model")
+    pe.add_argument("--nonce", default=None,
+                    help="echoed in the result line: the caller knows the verdict is this process's own, not a "
+                         "line the model printed (a model never sees the command line)")
     sub.add_parser("limits", help="the budget clock and the runner's hard limit, as one JSON line")
     for q in (pp, pv, pe):
         q.add_argument("--data-dir", default=DATA_DIR)
@@ -1522,6 +1565,8 @@ def main(argv=None):
             result["causal"] = False
     except Exception as e:  # never a traceback instead of a verdict
         result, code = {"ok": False, "reason": f"evaluation error: {type(e).__name__}: {e}"}, 1
+    if args.nonce:
+        result["nonce"] = args.nonce
     sys.stdout.flush()
     print(json.dumps(result))
     return code

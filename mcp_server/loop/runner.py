@@ -36,6 +36,7 @@ import json
 import math
 import os
 import re
+import secrets
 import shutil
 import subprocess
 import sys
@@ -489,6 +490,11 @@ def run_evaluation(ws: Workspace, pinned: Optional[str], run_dir: Path, model_pa
     try:
         data_dir = box.path / "data" if info.available else ws.data_dir
         argv = ["evaluate", str(box.model), "--data-dir", str(data_dir)]
+        # the verdict line must carry a nonce the model cannot know (an older pinned prepare.py has no
+        # --nonce: then only its exit code and its last line are trusted)
+        nonce = secrets.token_hex(16) if b"--nonce" in files["prepare.py"] else None
+        if nonce:
+            argv += ["--nonce", nonce]
         code = sandbox.eval_bootstrap(box.prepare, argv, sandbox.site_dirs())
         cmd = sandbox.evaluation_command(ws, [python, "-I", "-S", "-c", code], eval_dir=box,
                                          data_dir=ws.data_dir, data_files=EVAL_DATA_FILES, info=info)
@@ -503,16 +509,15 @@ def run_evaluation(ws: Workspace, pinned: Optional[str], run_dir: Path, model_pa
         box.cleanup()
     elapsed = time.monotonic() - t0
     (run_dir / "eval.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
-    result = None
-    for line in reversed(proc.stdout.strip().splitlines()):
-        try:
-            result = json.loads(line)
-            break
-        except json.JSONDecodeError:
-            continue
+    result = _verdict(proc.stdout, nonce)
     if not isinstance(result, dict):
         return EvalResult(False, f"evaluator crashed (exit {proc.returncode}): {proc.stderr.strip()[-600:]}",
                           wall_seconds=elapsed, model_sha256=box.model_sha256)
+    if result.get("ok") and proc.returncode != 0:
+        # a model that prints a verdict and then crashes the evaluator (red team, 2026-12-01)
+        return EvalResult(False, f"evaluator exited with code {proc.returncode} after a result line: not trusted; "
+                          f"{proc.stderr.strip()[-300:]}", wall_seconds=elapsed, model_sha256=box.model_sha256)
+    result.pop("nonce", None)
     result["model_sha256"] = box.model_sha256
     (run_dir / "eval.json").write_text(json.dumps(result, indent=2))
     if not result.get("ok"):
@@ -520,6 +525,20 @@ def run_evaluation(ws: Workspace, pinned: Optional[str], run_dir: Path, model_pa
                           wall_seconds=elapsed, model_sha256=box.model_sha256)
     return EvalResult(True, "", float(result["val_bpb"]), _opt(result.get("test_bpb")),
                       float(result.get("eval_seconds", elapsed)), result, elapsed, box.model_sha256)
+
+
+def _verdict(stdout: str, nonce: Optional[str]) -> Optional[dict]:
+    """The evaluator's result: the JSON line carrying `nonce`; without one (an older pinned evaluator),
+    the last non-empty line. Anything else on stdout may come from the model's graph."""
+    lines = [ln for ln in stdout.strip().splitlines() if ln.strip()]
+    for line in reversed(lines if nonce else lines[-1:]):
+        try:
+            result = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(result, dict) and (nonce is None or result.get("nonce") == nonce):
+            return result
+    return None
 
 
 def _opt(v) -> Optional[float]:
