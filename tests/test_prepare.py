@@ -434,6 +434,18 @@ def test_single_text_file_is_cut_into_documents(prep, tmp_path):
     assert meta["splits"]["val"]["documents"] > 0 and meta["splits"]["test"]["documents"] > 0
 
 
+def test_a_symlinked_file_in_a_corpus_folder_is_left_out(prep, tmp_path):
+    """Red team round 2: the training sandbox hides the corpus folder, not where its symlinks point."""
+    elsewhere = tmp_path / "elsewhere.txt"
+    elsewhere.write_text("text that lives outside the corpus folder\n" * 50)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "own.txt").write_text("the corpus's own text\n" * 50)
+    (corpus / "linked.txt").symlink_to(elsewhere)
+    names = [name for name, _ in prep.iter_documents(str(corpus), str(tmp_path / "raw"), {})]
+    assert names and all(n.startswith("own.txt") for n in names), names
+
+
 def test_too_small_corpus_gives_a_clear_error(prep, tmp_path):
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "one.txt").write_text("tiny")

