@@ -650,3 +650,40 @@ def test_kill_9_of_the_cli_leaves_no_orphan(eng, guarded, tmp_path):
         if pgid and alive(pgid):
             os.killpg(pgid, signal.SIGKILL)
         gitops.reset_to(root, eng.campaign["best_commit"])
+
+
+# --------------------------------------------------------------------------------------------
+# from the agent's shell, racing the loop (red team, round 3)
+
+def test_a_train_py_swapped_after_the_commit_is_not_what_runs(eng, guarded):
+    """The agent's shell rewrote train.py the moment the loop committed the candidate: the old runner
+    ran the live file, so the ledger credited commit A with B's result. Now the run binds the commit's
+    own bytes over the workspace's train.py inside the sandbox."""
+    import threading
+
+    root = eng.ws.root
+    ref = root / ".git" / "refs" / "heads" / eng.campaign["branch"]
+    version = "import os, sys, glob, json, time\nprint('RUNNING VERSION {v}', flush=True)\n" + TRIVIAL_TAIL
+    (root / "train.py").write_text(version.format(v="A") + f"# {time.time_ns()}\n")
+    before, done = ref.read_bytes(), threading.Event()
+
+    def swap_after_the_commit():
+        while not done.is_set():
+            if ref.read_bytes() != before:
+                (root / "train.py").write_text(version.format(v="B"))
+                return
+            time.sleep(0.0005)
+
+    writer = threading.Thread(target=swap_after_the_commit, daemon=True)
+    writer.start()
+    try:
+        res = eng.run_experiment(f"race {time.time_ns()}")
+    finally:
+        done.set()
+        writer.join(5)
+    committed = gitops.blob_bytes(root, eng.ledger.experiment(res.experiment_id)["commit_sha"], "train.py")
+    assert b"RUNNING VERSION A" in committed
+    log = train_log(eng, res)
+    assert "RUNNING VERSION A" in log and "RUNNING VERSION B" not in log, log[-2000:]
+    if res.status == "ok":
+        eng.score(res.experiment_id)

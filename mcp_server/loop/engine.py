@@ -641,7 +641,8 @@ class Engine:
         run_dir = self.ws.run_dir(eid)
         try:
             ledger_before = self._ledger_digest(eid)
-            tr = runner.run_training(self.ws, run_dir, seed, on_progress)
+            # what runs is the commit on record, not the live tree the agent can rewrite meanwhile
+            tr = runner.run_training(self.ws, run_dir, seed, on_progress, sources=self._files_at(commit))
             if tr.status != "ok" and procs.stopping():   # killed by the loop itself on its way out
                 raise Interrupted(f"the loop was stopped during run #{eid} (the run ended: {tr.reason})")
             fields = dict(training_seconds=tr.summary.get("training_seconds"), total_seconds=round(tr.wall_seconds, 3),

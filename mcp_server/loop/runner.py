@@ -44,7 +44,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Mapping, Optional
 
 from mcp_server.common.procs import kill_group, kill_group_now
 from mcp_server.loop import gitops, sandbox
@@ -371,10 +371,14 @@ def _supervise(proc: subprocess.Popen, t0: float, deadline: float, allowance: Al
 
 def run_training(ws: Workspace, run_dir: Path, seed: int, on_progress: Optional[ProgressFn] = None,
                  python: str = sys.executable, unsafe: Optional[bool] = None,
-                 cancel: Optional[threading.Event] = None) -> TrainResult:
+                 cancel: Optional[threading.Event] = None,
+                 sources: Optional[Mapping[str, Optional[bytes]]] = None) -> TrainResult:
     """train.py of `ws.root` on `seed`, sandboxed. `unsafe` (default: the process's opt-out) is passed
     explicitly where the environment is not the human's (an executor's worker). When `cancel` is set
-    the sandbox is killed at once (status "cancelled")."""
+    the sandbox is killed at once (status "cancelled"). `sources` ({editable path: its bytes at the
+    commit being measured}): the sandbox sees private copies of these in place of the workspace's files,
+    which the agent may rewrite while the run goes (red team: a swap in mid-run measured one version
+    and credited another)."""
     info = sandbox.require(unsafe)    # SandboxUnavailable unless the human opted out
     run_dir.mkdir(parents=True, exist_ok=True)
     # train.py writes only here (the sandbox's one writable dir); the evaluator gets a copy
@@ -393,7 +397,18 @@ def run_training(ws: Workspace, run_dir: Path, seed: int, on_progress: Optional[
     env = clean_env({"LOOPWRIGHT_SEED": str(seed), "LOOPWRIGHT_EXPORT_PATH": str(model_path),
                      "LOOPWRIGHT_RUN_DIR": str(scratch), "PYTHONHASHSEED": str(seed),
                      "TMPDIR": "/tmp", "HOME": os.path.expanduser("~")})
-    cmd = sandbox.training_command(ws, [python, "train.py"], view=view, scratch=scratch, env=env, info=info)
+    pinned_sources: dict[str, Path] = {}
+    if sources:
+        src_dir = run_dir / "source"
+        shutil.rmtree(src_dir, ignore_errors=True)
+        for rel, data in sources.items():
+            if data is not None:
+                dest = src_dir / rel
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                dest.write_bytes(data)
+                pinned_sources[str(Path(ws.root) / rel)] = dest
+    cmd = sandbox.training_command(ws, [python, "train.py"], view=view, scratch=scratch, env=env, info=info,
+                                   sources=pinned_sources)
     memory = sandbox.default_memory_limit()
     allowance = Allowance.of(bench, budget_clock(bench.clock, env, python))
     log_path = run_dir / "train.log"

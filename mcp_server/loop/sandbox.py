@@ -521,12 +521,15 @@ def corpus_sources(ws) -> list[Path]:
 
 
 def training_command(ws, argv: Sequence[str], *, view: os.PathLike | str, scratch: os.PathLike | str,
-                     env: Mapping[str, str], info: Optional[SandboxInfo] = None) -> list[str]:
+                     env: Mapping[str, str], info: Optional[SandboxInfo] = None,
+                     sources: Optional[Mapping[str, os.PathLike | str]] = None) -> list[str]:
     """train.py's sandbox: the workspace read-only (its .loopwright/ replaced by the train view's files
     where prepare.py looks), the state directory invisible, `scratch` writable (the export goes there)."""
     mount = _prepare_data_mount(ws)
     files = {str(mount / p.name): p for p in sorted(Path(view).iterdir())
              if p.is_file() and not p.is_symlink() and not p.name.startswith(".")}
+    # the editable files as committed, bound over the workspace's (which the agent may rewrite meanwhile)
+    files.update({str(dest): src for dest, src in (sources or {}).items()})
     # every workspace's state (another workspace on the same corpus holds the same val/test text), and
     # the corpus the splits were cut from: held-out text train.py can read is a score it can forge
     hide = [ws.state_dir, Path(ws.root) / ".loopwright", mount.parent, *all_state(ws), *corpus_sources(ws)]
