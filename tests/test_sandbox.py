@@ -209,7 +209,8 @@ def test_train_py_reads_neither_other_workspaces_state_nor_the_corpus(tmp_path, 
     if corpus_kind == "file":
         corpus = corpus / "doc.txt"
     ws = tmp_path / "ws"
-    ws.mkdir()
+    (ws / ".git").mkdir(parents=True)
+    (ws / ".git" / "HEAD").write_text("ref: refs/heads/loopwright/t\n")
     (ws / "train.py").write_text("x = 1\n")
     view = mine / "train-view"
     view.mkdir()
@@ -217,7 +218,7 @@ def test_train_py_reads_neither_other_workspaces_state_nor_the_corpus(tmp_path, 
     wsobj = SimpleNamespace(root=ws, state_dir=mine, workspace_data_dir=ws / ".loopwright" / "data",
                             cfg=SimpleNamespace(benchmark=SimpleNamespace(corpus=str(corpus))))
     targets = [str(other / "data" / "val.bin"), str(other / "state.db"), str(mine / "state.db"),
-               str(tmp_path / "corpus" / "doc.txt")]
+               str(tmp_path / "corpus" / "doc.txt"), str(ws / ".git" / "HEAD")]
     script = tmp_path / "probe.py"
     script.write_text(textwrap.dedent(f"""
         import json

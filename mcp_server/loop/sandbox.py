@@ -532,7 +532,10 @@ def training_command(ws, argv: Sequence[str], *, view: os.PathLike | str, scratc
     files.update({str(dest): src for dest, src in (sources or {}).items()})
     # every workspace's state (another workspace on the same corpus holds the same val/test text), and
     # the corpus the splits were cut from: held-out text train.py can read is a score it can forge
-    hide = [ws.state_dir, Path(ws.root) / ".loopwright", mount.parent, *all_state(ws), *corpus_sources(ws)]
+    # .git too: train.py needs none of it, and from it a kept version could tell a later reference run
+    # of itself (the branch has moved on) from its own measurement, and spoil the former
+    hide = [ws.state_dir, Path(ws.root) / ".loopwright", Path(ws.root) / ".git", mount.parent, *all_state(ws),
+            *corpus_sources(ws)]
     return build_command(argv, mode="train", workspace=ws.root, hide=hide, scratch=scratch, files=files,
                          env=env, cwd=ws.root, info=info)
 
