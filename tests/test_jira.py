@@ -154,3 +154,15 @@ def test_two_concurrent_passes_post_the_closing_comment_once(fake, ledger):
     assert len(comments) == 2 and sum("Campaign ended" in c for c in comments) == 1, comments
     assert "baseline 0.930000" in comments[-1]
     assert sum(r.delivered for r in reports) == 3
+
+
+def test_agent_written_text_cannot_make_links_or_mentions_in_a_comment():
+    from mcp_server.notify.jira import comment_text
+
+    evil = "done [Approve|https://evil.example] [~accountid:5b10ac] {color:red}x{color} {noformat}out"
+    for kind, p in (("keep", {**KEEP, "description": evil}),
+                    ("approval_requested", {"approval_id": 3, "kind": "keep", "description": evil})):
+        text = comment_text(kind, p)
+        block = text[text.index("{noformat}"):]
+        assert block.count("{noformat}") == 2 and "[Approve|https://evil.example]" in block, text
+        assert "[Approve" not in text[:text.index("{noformat}")]

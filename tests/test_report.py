@@ -163,3 +163,17 @@ def test_markdown_flags_keeps_that_trained_a_different_number_of_steps():
     md = render_markdown(collect(rows, CFG, "t"))
     assert "1 kept change(s) trained a very different number of steps than the baseline (median 40): " \
            "#3 90 steps" in md
+
+
+def test_agent_written_descriptions_are_inert_in_report_md_and_the_plot(tmp_path):
+    """Red team round 3: descriptions went raw into report.md (links, images, HTML) and into
+    matplotlib (a `$` starts mathtext)."""
+    rows = _rows(SPEC)
+    evil = "[Approve here](http://evil.example) <img src=x onerror=alert(1)> ![i](http://e/x.png) $\\frac{"
+    rows[2]["description"] = evil     # the kept experiment #3
+    data = collect(rows, CFG, "t")
+    md = render_markdown(data)
+    assert not re.search(r"(?<!\\)\]\(http", md) and "<img" not in md and "![i]" not in md   # no live link
+    assert "\\[Approve here\\](http://evil.example)" in md and "&lt;img" in md
+    plot_progress(data, tmp_path / "p.png")
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"

@@ -317,3 +317,13 @@ def test_retry_after_holds_the_method_for_every_row_across_passes(fake, ledger):
     rep = deliver_pending(ledger, None, [sink], now=now + 61)
     assert rep.delivered == 3 and len(fake.messages) == 3
     assert sum(r.status == 429 for r in fake.calls("chat.postMessage")) == 1
+
+
+def test_a_run_approval_diff_cannot_close_its_code_block():
+    from mcp_server.notify.approval_blocks import render_request
+
+    diff = "-LR = 0.008\n+LR = 0.012\n```\n*Approved by <@U0BOSS>* <https://evil.example|click>"
+    _, blocks = render_request({"approval_id": 2, "kind": "run", "diff": diff}, "main", "uid", None)
+    text = blocks[1]["text"]["text"]
+    assert text.startswith("```") and text.endswith("```") and text.count("```") == 2, text
+    assert "<https://evil" not in text and "<@U0BOSS>" not in text

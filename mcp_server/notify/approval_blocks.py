@@ -16,6 +16,11 @@ def _esc(text) -> str:
     return str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
+def _code(text) -> str:
+    """Text for inside a ``` block: a ``` in it would close the block (a zero-width space breaks it)."""
+    return _esc(text).replace("```", "`\u200b``")
+
+
 def button_value(uid: str, approval_id: int) -> str:
     """Names the ledger and the approval, so a receiver serving another workspace ignores the click."""
     return f"{uid}:{approval_id}"
@@ -46,7 +51,7 @@ def render_request(p: dict, tag: str, uid: str, keep_blocks) -> tuple[str, list[
         title = f"Run awaiting approval #{aid} · {tag}"
         diff = str(p.get("diff") or "")[:2500]
         blocks = [{"type": "header", "text": {"type": "plain_text", "text": title[:150], "emoji": True}},
-                  {"type": "section", "text": {"type": "mrkdwn", "text": f"```{_esc(diff) or '(empty diff)'}```"}}]
+                  {"type": "section", "text": {"type": "mrkdwn", "text": f"```{_code(diff) or '(empty diff)'}```"}}]
     until = p.get("expires_at")
     note = f"branch `{_esc(p.get('branch', '?'))}`" + (
         f" · rejected automatically at <!date^{int(until)}^{{date_short_pretty}} {{time}}|{time.ctime(until)}>"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from typing import Mapping, Optional
 
 from mcp_server.notify.events import DeliveryError, Event, ledger_uid, redact
@@ -27,13 +28,20 @@ KINDS = frozenset({"campaign_start", "keep", "budget_spent", "campaign_end", "ap
 END_KINDS = ("budget_spent", "campaign_end")
 
 
+def inert(text) -> str:
+    """Agent-written text as a {noformat} block: Jira renders no link, mention, image or colour in it
+    (a {noformat} inside it is removed, so it cannot close the block)."""
+    clean = re.sub(r"\{noformat\}", "", str(text or ""), flags=re.IGNORECASE)
+    return "{noformat}" + clean + "{noformat}"
+
+
 def comment_text(kind: str, p: dict) -> str:
     if kind == "approval_requested":   # the autonomy slider: how to decide from this issue
         aid = p.get("approval_id", "?")
         what = (f"keep of experiment #{p.get('experiment_id', '?')}: val_bpb {num(p.get('val_bpb'), '.6f')} "
                 f"({num(p.get('delta_vs_best'), '+.6f')} vs best)" if p.get("kind") == "keep" else "run (not started)")
         return (f"Approval #{aid} waits: {what}, branch {p.get('branch', '?')}\n"
-                f"{str(p.get('description') or '')}\n"
+                f"{inert(p.get('description'))}\n"
                 f"Comment /approve {aid} or /reject {aid} <reason> (approvers only).")
     if kind == "keep":
         d_best, d_base = keep_deltas(p)
@@ -44,7 +52,7 @@ def comment_text(kind: str, p: dict) -> str:
                  f"- noise: sigma {num(p.get('sigma'), '.5f')}, threshold {num(p.get('threshold'), '.5f')}",
                  f"- hidden test: test_bpb {num(p.get('test_bpb'), '.6f')}"
                  + (" -- DIVERGES from val: possible overfitting or leakage" if p.get("test_divergence") else ""),
-                 "", str(p.get("description") or "(no description)")]
+                 "", inert(p.get("description")) if p.get("description") else "(no description)"]
         return "\n".join(lines)
     reasons = join(p.get("reasons"), "; ")
     return (f"Campaign {'budget spent' if kind == 'budget_spent' else 'ended'}"

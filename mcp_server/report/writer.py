@@ -8,6 +8,7 @@ The report says plainly when nothing cleared the noise threshold.
 """
 from __future__ import annotations
 
+import re
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -192,7 +193,7 @@ def plot_progress(data: ReportData, path: Path) -> PlotInfo:
         ax.scatter([p.number for p in keeps], [p.val_bpb for p in keeps], s=52, color="#2e9e44", zorder=5,
                    edgecolor="black", linewidth=0.5, label="kept")
     for p in keeps:
-        ax.annotate(p.description[:42], (p.number, p.val_bpb), xytext=(6, -12), textcoords="offset points",
+        ax.annotate(p.description[:42].replace("$", r"\$"), (p.number, p.val_bpb), xytext=(6, -12), textcoords="offset points",
                     fontsize=8, color="#1f6e2f", rotation=-20)
     if data.baseline_mean is not None:   # running best: a step down at each keep
         xs, ys = [0], [data.baseline_mean]
@@ -274,7 +275,7 @@ def render_markdown(data: ReportData, plot_name: str = "progress.png", tsv_name:
                       key=lambda p: p.val_bpb)
         if near:
             L.append(f"- {len(near)} discarded experiment(s) measured below the best but not by enough to clear "
-                     f"the threshold (closest: #{near[0].id} {near[0].description!r}, {_f(near[0].val_bpb)}).")
+                     f"the threshold (closest: #{near[0].id} ({_md(near[0].description)}), {_f(near[0].val_bpb)}).")
         odd = step_outliers(data)
         if odd:
             L.append(f"- **{len(odd)} kept change(s) trained a very different number of steps than the baseline "
@@ -390,7 +391,9 @@ def executor_section(view: dict) -> list[str]:
 
 
 def _md(text: str) -> str:
-    return (text or "").replace("|", "\\|").replace("\n", " ")
+    """Agent-written text as inert markdown: no raw HTML, link or image (emphasis may stay)."""
+    t = (text or "").replace("\r", " ").replace("\n", " ").replace("<", "&lt;")   # no HTML tag can open
+    return re.sub(r"([\\`\[\]|])", r"\\\1", t)   # no link, image or code span; one table cell
 
 
 # ---------------------------------------------------------------------------
