@@ -141,11 +141,18 @@ sys.exit(main(sys.argv[3:]))
 """
 
 
+def _default_signals():
+    """A user's terminal: the suite may run under nohup or as a background job, whose children inherit
+    SIGHUP / SIGINT ignored (and the CLI rightly leaves an ignored signal ignored)."""
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def _cli(tmp_path, mode, *args):
     marker = tmp_path / "started"
     marker.unlink(missing_ok=True)
     proc = subprocess.Popen([sys.executable, "-c", _FAKE_CLI, mode, str(marker), *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_default_signals)
     deadline = time.time() + 60
     while not marker.exists() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.05)
