@@ -687,3 +687,44 @@ def test_a_train_py_swapped_after_the_commit_is_not_what_runs(eng, guarded):
     assert "RUNNING VERSION A" in log and "RUNNING VERSION B" not in log, log[-2000:]
     if res.status == "ok":
         eng.score(res.experiment_id)
+
+
+def test_files_planted_in_the_workspace_do_not_run(eng, guarded):
+    """Red team round 4: an unchecked-hash prepare.pyc in __pycache__ (git-ignored, so no integrity check
+    saw it) replaced the frozen prepare.py inside train.py's run, and an untracked module shadows the
+    stdlib (the script's folder is first on sys.path). A run now sees only the committed files."""
+    import py_compile
+
+    root = eng.ws.root
+    planted = [root / "glob.py", root / "__pycache__" / f"prepare.{sys.implementation.cache_tag}.pyc"]
+    fake_prepare = root.parent / "fake_prepare.py"
+    fake_prepare.write_text((root / "prepare.py").read_text() + "\nprint('PLANTED PREPARE RAN', flush=True)\n")
+    import threading
+
+    ref = root / ".git" / "refs" / "heads" / eng.campaign["branch"]
+    before, done = ref.read_bytes(), threading.Event()
+
+    def plant_after_the_commit():   # an untracked file is refused at the commit, not after it
+        while not done.is_set():
+            if ref.read_bytes() != before:
+                planted[0].write_text("print('PLANTED GLOB RAN', flush=True)\n")
+                return
+            time.sleep(0.0005)
+
+    writer = threading.Thread(target=plant_after_the_commit, daemon=True)
+    try:
+        # __pycache__ is git-ignored: planted before, nothing objects
+        py_compile.compile(str(fake_prepare), cfile=str(planted[1]), doraise=True,
+                           invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+        writer.start()
+        res, _ = attack_run(eng, "print('ATTACK TRAIN RAN', flush=True)\n", "planted files")
+        done.set()
+        writer.join(5)
+        assert planted[0].exists()                  # the shadowing module was in place during the run
+        log = train_log(eng, res)
+        assert "ATTACK TRAIN RAN" in log, log[-2000:]
+        assert "PLANTED" not in log, log[-2000:]
+    finally:
+        done.set()
+        for p in planted + [fake_prepare]:
+            p.unlink(missing_ok=True)

@@ -268,6 +268,15 @@ class Engine:
                 out[rel] = None
         return out
 
+    def run_tree(self, commit: str) -> dict[str, Optional[bytes]]:
+        """What a run of `commit` sees as the workspace: the pinned commit's files (each git object
+        re-hashed) with the editable ones as of `commit`; nothing from the working tree."""
+        pinned = self.campaign["pinned_commit"]
+        tree: dict[str, Optional[bytes]] = {rel: gitops.verified_blob_bytes(self.ws.root, pinned, rel)
+                                            for rel in gitops.tracked_files(self.ws.root, pinned)}
+        tree.update(self._files_at(commit))
+        return tree
+
     def _tree_files(self) -> dict[str, Optional[bytes]]:
         return {rel: (self.ws.root / rel).read_bytes() if (self.ws.root / rel).is_file() else None
                 for rel in self.ws.cfg.paths.editable}
@@ -642,7 +651,7 @@ class Engine:
         try:
             ledger_before = self._ledger_digest(eid)
             # what runs is the commit on record, not the live tree the agent can rewrite meanwhile
-            tr = runner.run_training(self.ws, run_dir, seed, on_progress, sources=self._files_at(commit))
+            tr = runner.run_training(self.ws, run_dir, seed, on_progress, sources=self.run_tree(commit))
             if tr.status != "ok" and procs.stopping():   # killed by the loop itself on its way out
                 raise Interrupted(f"the loop was stopped during run #{eid} (the run ended: {tr.reason})")
             fields = dict(training_seconds=tr.summary.get("training_seconds"), total_seconds=round(tr.wall_seconds, 3),

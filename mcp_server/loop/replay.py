@@ -119,7 +119,7 @@ def _run(eng, c: dict, number: int, keep: dict, side: str, commit: str, seed: in
     status, val, steps, reason = "crash", None, None, None
     with eng._tree_at(commit):
         try:
-            tr = runner.run_training(eng.ws, run_dir, seed, on_progress, sources=eng._files_at(commit))
+            tr = runner.run_training(eng.ws, run_dir, seed, on_progress, sources=eng.run_tree(commit))
             steps = tr.summary.get("num_steps")
             status, reason = tr.status, tr.reason
             if tr.status != "ok" and procs.stopping():   # killed by the loop itself on its way out

@@ -375,10 +375,10 @@ def run_training(ws: Workspace, run_dir: Path, seed: int, on_progress: Optional[
                  sources: Optional[Mapping[str, Optional[bytes]]] = None) -> TrainResult:
     """train.py of `ws.root` on `seed`, sandboxed. `unsafe` (default: the process's opt-out) is passed
     explicitly where the environment is not the human's (an executor's worker). When `cancel` is set
-    the sandbox is killed at once (status "cancelled"). `sources` ({editable path: its bytes at the
-    commit being measured}): the sandbox sees private copies of these in place of the workspace's files,
-    which the agent may rewrite while the run goes (red team: a swap in mid-run measured one version
-    and credited another)."""
+    the sandbox is killed at once (status "cancelled"). `sources` ({path: its bytes}, every file of the
+    commit being measured): the sandbox then sees private copies of exactly these as the workspace, not
+    the live tree, which the agent may rewrite while the run goes (red team: a swap in mid-run measured
+    one version and credited another; a planted prepare.pyc changed what prepare meant)."""
     info = sandbox.require(unsafe)    # SandboxUnavailable unless the human opted out
     run_dir.mkdir(parents=True, exist_ok=True)
     # train.py writes only here (the sandbox's one writable dir); the evaluator gets a copy

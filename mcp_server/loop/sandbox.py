@@ -254,12 +254,14 @@ def build_command(argv: Sequence[str], *, mode: Literal["train", "eval"] = "trai
                   hide: Iterable[os.PathLike | str] = (),
                   env: Optional[Mapping[str, str]] = None,
                   cwd: Optional[os.PathLike | str] = None,
-                  info: Optional[SandboxInfo] = None) -> list[str]:
+                  info: Optional[SandboxInfo] = None,
+                  workspace_entries: bool = True) -> list[str]:
     """The sandboxed command line for `argv`.
 
     workspace: exposed read-only, entry by entry, except the entries in `hide` below it (the state
         dir when it lives there); `hide` paths elsewhere are masked with an empty tmpfs (a
-        file: with an empty file).
+        file: with an empty file). workspace_entries=False: the workspace is an empty tmpfs (what
+        should be there comes in `files`), a Python installation inside it excepted.
     ro_binds / rw_binds: directories exposed read-only / writable at the same path.
     scratch: the writable directory (created on the host if missing).
     files: {destination in the sandbox: host source} bound read-only (e.g. train.bin where
@@ -295,7 +297,7 @@ def build_command(argv: Sequence[str], *, mode: Literal["train", "eval"] = "trai
     for p in python_paths() + [_real(p) for p in ro_binds] + [_real(d) for d in lib_dirs]:
         if any(_under(p, m) for m in masks) and not any(_under(p, h) for h in hide_real) and os.path.exists(p):
             ops.append((depth(p), 1, ["--ro-bind", p, p]))
-    if ws_real:
+    if ws_real and workspace_entries:
         for entry in sorted(os.listdir(ws_real)):
             src = os.path.join(ws_real, entry)
             if any(_under(h, src) and h != src and os.path.isdir(h) for h in hide_real):
@@ -524,11 +526,13 @@ def training_command(ws, argv: Sequence[str], *, view: os.PathLike | str, scratc
                      env: Mapping[str, str], info: Optional[SandboxInfo] = None,
                      sources: Optional[Mapping[str, os.PathLike | str]] = None) -> list[str]:
     """train.py's sandbox: the workspace read-only (its .loopwright/ replaced by the train view's files
-    where prepare.py looks), the state directory invisible, `scratch` writable (the export goes there)."""
+    where prepare.py looks), the state directory invisible, `scratch` writable (the export goes there).
+    `sources` ({path in the workspace: private copy}): the run's whole tree as committed; then nothing
+    else of the workspace is visible -- not the live train.py the agent may rewrite meanwhile, nor an
+    untracked file it planted there (a prepare.pyc, a prepare/ package, a torch.py: red team)."""
     mount = _prepare_data_mount(ws)
     files = {str(mount / p.name): p for p in sorted(Path(view).iterdir())
              if p.is_file() and not p.is_symlink() and not p.name.startswith(".")}
-    # the editable files as committed, bound over the workspace's (which the agent may rewrite meanwhile)
     files.update({str(dest): src for dest, src in (sources or {}).items()})
     # every workspace's state (another workspace on the same corpus holds the same val/test text), and
     # the corpus the splits were cut from: held-out text train.py can read is a score it can forge
@@ -536,8 +540,9 @@ def training_command(ws, argv: Sequence[str], *, view: os.PathLike | str, scratc
     # of itself (the branch has moved on) from its own measurement, and spoil the former
     hide = [ws.state_dir, Path(ws.root) / ".loopwright", Path(ws.root) / ".git", mount.parent, *all_state(ws),
             *corpus_sources(ws)]
+    # with `sources` the workspace is an empty tmpfs holding only the committed files
     return build_command(argv, mode="train", workspace=ws.root, hide=hide, scratch=scratch, files=files,
-                         env=env, cwd=ws.root, info=info)
+                         env=env, cwd=ws.root, info=info, workspace_entries=not sources)
 
 
 def evaluation_command(ws, argv: Sequence[str], *, eval_dir: EvalDir, data_dir: os.PathLike | str,
