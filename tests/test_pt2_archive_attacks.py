@@ -394,3 +394,62 @@ def test_the_verdict_carries_the_callers_nonce(ws, honest):
     assert code == 0 and "nonce" not in res
     code, res, _ = run_cli(ws, "evaluate", str(honest), "--nonce", "c0ffee")
     assert code == 0 and res["nonce"] == "c0ffee"
+
+
+# --------------------------------------------------------------------------- round 4: the input, views, randomness
+
+class OverwritesItsInput(nn.Module):
+    """Writes the token it bets on into its input, which used to share memory with the targets."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = nn.Parameter(torch.zeros(V, V))
+
+    def forward(self, idx):
+        idx.fill_(97)
+        return self.table[idx] + 30.0 * nn.functional.one_hot(torch.full_like(idx, 97), V).float()
+
+
+class CountsThroughAnUnsafeView(Bigram):
+    def __init__(self):
+        super().__init__()
+        self.calls = torch.zeros(2)
+
+    def forward(self, idx):
+        torch.ops.aten._unsafe_view(self.calls, [2]).add_(1.0)
+        return super().forward(idx)
+
+
+class Samples(Bigram):
+    def forward(self, idx):
+        return super().forward(idx) + torch.rand(idx.shape[0], idx.shape[1], V)
+
+
+class ZeroDimConstant(Bigram):
+    def forward(self, idx):
+        return super().forward(idx) * torch.tensor(1.0)
+
+
+@pytest.mark.parametrize("model, says", [(OverwritesItsInput, "may not change its input"),
+                                         (CountsThroughAnUnsafeView, "stateful models are not allowed"),
+                                         (Samples, "random operator")],
+                         ids=["input", "unsafe-view", "random"])
+def test_writes_into_the_input_or_through_hidden_views_and_random_ops_are_refused(ws, prep, tmp_path, model, says):
+    path = Path(prep.export_model(model(), str(tmp_path / "m.pt2")))
+    code, res, proc = evaluate(ws, path)
+    assert code == 1 and res["ok"] is False and says in res["reason"], proc.stdout[-500:] + proc.stderr[-500:]
+
+
+def test_the_evaluator_never_lets_the_model_touch_its_targets(ws, prep, tmp_path, monkeypatch):
+    """The second layer alone (audit off): the model gets its own copy of the input, and the targets are
+    a separate tensor, so overwriting the input buys nothing."""
+    path = Path(prep.export_model(OverwritesItsInput(), str(tmp_path / "m.pt2")))
+    monkeypatch.setattr(prep, "_audit_graph", lambda ep: None)
+    res = prep.evaluate_exported(str(path), data_dir(ws))
+    assert res["val_bpb"] > 5.0, res     # it bets on one byte everywhere: far worse than uniform, not 0.16
+
+
+def test_a_zero_dim_constant_is_an_honest_model(ws, prep, tmp_path):
+    path = Path(prep.export_model(ZeroDimConstant(), str(tmp_path / "m.pt2")))
+    code, res, proc = evaluate(ws, path)
+    assert code == 0 and res["ok"] is True, proc.stdout[-500:] + proc.stderr[-500:]
