@@ -453,3 +453,28 @@ def test_a_zero_dim_constant_is_an_honest_model(ws, prep, tmp_path):
     path = Path(prep.export_model(ZeroDimConstant(), str(tmp_path / "m.pt2")))
     code, res, proc = evaluate(ws, path)
     assert code == 0 and res["ok"] is True, proc.stdout[-500:] + proc.stderr[-500:]
+
+
+class ReadsFreedMemory(Bigram):
+    """torch.empty handed out the window the evaluator had just freed, targets included (red team round 5)."""
+
+    def forward(self, idx):
+        peek = torch.empty(idx.shape[0], idx.shape[1] + 1, dtype=torch.long)
+        return super().forward(idx) + 0.0 * peek[:, :-1, None].float()
+
+
+def test_uninitialised_memory_is_refused_and_filled_anyway(ws, prep, tmp_path, monkeypatch):
+    path = Path(prep.export_model(ReadsFreedMemory(), str(tmp_path / "m.pt2")))
+    code, res, proc = evaluate(ws, path)
+    assert code == 1 and "uninitialised memory" in res["reason"], proc.stdout[-500:] + proc.stderr[-500:]
+    # the second layer: with the audit off, new tensors come filled, and the window is wiped before it is freed
+    monkeypatch.setattr(prep, "_audit_graph", lambda ep: None)
+    was = torch.are_deterministic_algorithms_enabled()
+    try:
+        prep.evaluate_exported(str(path), data_dir(ws))
+        assert torch.utils.deterministic.fill_uninitialized_memory and torch.are_deterministic_algorithms_enabled()
+    finally:
+        torch.use_deterministic_algorithms(was)
+    tokens = torch.arange(1000) % 200
+    x, y = prep._windows(tokens.numpy(), [0, 300])
+    assert torch.equal(y[0], tokens[1:prep.SEQ_LEN + 1]) and not x.data_ptr() == y.data_ptr()

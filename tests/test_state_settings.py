@@ -353,3 +353,23 @@ def test_guard_refuses_the_state_home_with_a_reason(tmp_path, monkeypatch):
         assert not d.allow, (tool, inp)
         assert "outside the workspace" in d.reason and "loopwright config" in d.reason
     assert tg.decide(tg.payload("claude", root, "Read", {"file_path": str(root / "train.py")})).allow
+
+
+def test_init_and_runs_refuse_a_python_installed_inside_the_workspace(tmp_path, small_corpus, monkeypatch):
+    """Red team round 5: a venv inside the workspace is re-exposed to train.py's sandbox and the agent can
+    write it (a sitecustomize.py would run in every experiment and in the evaluator)."""
+    from mcp_server.loop import sandbox
+
+    root = tmp_path / "w"
+    venv = root / ".venv"
+    venv.mkdir(parents=True)
+    real = sandbox.python_paths
+    monkeypatch.setattr(sandbox, "python_paths", lambda: real() + [str(venv.resolve())])
+    with pytest.raises(WorkspaceError, match="lives inside the workspace"):
+        init_workspace(root, corpus=str(small_corpus), force=True)
+    monkeypatch.setattr(sandbox, "python_paths", real)
+    ws = make_workspace(tmp_path / "w2", small_corpus)
+    monkeypatch.setattr(sandbox, "python_paths", lambda: real() + [str(ws.root.resolve() / ".venv")])
+    with pytest.raises(sandbox.SandboxUnavailable, match="lives inside the workspace"):
+        sandbox.training_command(ws, ["python", "train.py"], view=ws.sync_train_view(), scratch=tmp_path / "s",
+                                 env={})

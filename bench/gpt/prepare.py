@@ -846,8 +846,11 @@ def _windows(tokens, starts):
     w = tokens[np.asarray(starts)[:, None] + np.arange(SEQ_LEN + 1)]
     w = torch.from_numpy(w.astype(np.int64))
     # two tensors, not two views of one: a model that writes into its input must not rewrite the
-    # targets it is scored on (red team, round 4)
-    return w[:, :-1].clone(), w[:, 1:].clone()
+    # targets it is scored on (red team, round 4); and the window is wiped before its memory is freed,
+    # so no later allocation hands the targets back (round 5)
+    x, y = w[:, :-1].clone(), w[:, 1:].clone()
+    w.zero_()
+    return x, y
 
 
 def eval_starts(n_tokens, max_tokens):
@@ -1330,8 +1333,10 @@ def _no_code_in_load():
 
 
 # aten ops with effects outside the tensors: from_file reads a file (the split being scored), _print
-# writes to the evaluator's stdout (a forged verdict line: red team, 2026-12-01)
-FORBIDDEN_OPS = ("from_file", "_print")
+# writes to the evaluator's stdout (a forged verdict line: red team, 2026-12-01); and ops that hand out
+# memory without clearing it (what the evaluator freed a moment ago: the window holding the targets,
+# red team round 5), or re-point a tensor at other memory
+FORBIDDEN_OPS = ("from_file", "_print", "empty", "resize", "set_")
 
 
 _VIEW_PREFIXES = ("view", "alias", "as_strided", "unfold", "expand", "narrow", "select", "slice", "diagonal",
@@ -1380,8 +1385,8 @@ def _audit_nodes(graph, held):
         if not isinstance(target, (torch._ops.OpOverload, torch._ops.HigherOrderOperator)):
             raise EvalError(f"the graph calls {target!r}, which is not a torch operator")
         if any(bad in str(target) for bad in FORBIDDEN_OPS):
-            raise EvalError(f"the graph calls {target}, which reads files or prints (acts outside the "
-                            "tensors); not allowed")
+            raise EvalError(f"the graph calls {target}, which reads files or prints or hands out uninitialised "
+                            "memory (acts outside the tensors); not allowed")
         if isinstance(target, torch._ops.OpOverload) and target._schema.name.split("::")[-1].rstrip("_") \
                 in _RANDOM_OPS:
             raise EvalError(f"the graph calls {target}, a random operator: the evaluator scores a deterministic "
@@ -1423,6 +1428,9 @@ def evaluate_exported(model_path, data_dir=None):
     if not os.path.isfile(model_path):
         raise EvalError(f"{model_path} not found; train.py must call prepare.export_model(model)")
     archive = checked_archive(model_path)  # EvalError: refused before torch reads a byte of it
+    # every new tensor filled (NaN / max int) instead of handed out with what freed memory held
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
     try:
         with _pickle_free(), _no_code_in_load():
             ep = torch.export.load(archive)

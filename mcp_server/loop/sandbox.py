@@ -522,6 +522,21 @@ def corpus_sources(ws) -> list[Path]:
     return [path] + ([path.resolve()] if path.resolve() != path.absolute() else [])
 
 
+def python_inside(root: os.PathLike | str) -> Optional[str]:
+    """A directory of this Python installation (interpreter, stdlib, site-packages) inside `root`, if any."""
+    r = _real(root)
+    return next((p for p in python_paths() if _under(p, r)), None)
+
+
+def refuse_python_inside(root: os.PathLike | str) -> None:
+    p = python_inside(root)
+    if p is not None:
+        raise SandboxUnavailable(
+            f"the Python that runs train.py and the evaluator lives inside the workspace ({p}), where the agent "
+            "can write: a sitecustomize.py, a .pth file or a patched torch there would run in every experiment "
+            "and in the evaluator. Use a Python (or venv) outside the workspace, e.g. `python -m venv ~/lw-venv`")
+
+
 def training_command(ws, argv: Sequence[str], *, view: os.PathLike | str, scratch: os.PathLike | str,
                      env: Mapping[str, str], info: Optional[SandboxInfo] = None,
                      sources: Optional[Mapping[str, os.PathLike | str]] = None) -> list[str]:
@@ -530,6 +545,7 @@ def training_command(ws, argv: Sequence[str], *, view: os.PathLike | str, scratc
     `sources` ({path in the workspace: private copy}): the run's whole tree as committed; then nothing
     else of the workspace is visible -- not the live train.py the agent may rewrite meanwhile, nor an
     untracked file it planted there (a prepare.pyc, a prepare/ package, a torch.py: red team)."""
+    refuse_python_inside(ws.root)
     mount = _prepare_data_mount(ws)
     files = {str(mount / p.name): p for p in sorted(Path(view).iterdir())
              if p.is_file() and not p.is_symlink() and not p.name.startswith(".")}

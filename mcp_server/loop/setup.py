@@ -95,6 +95,12 @@ def init_workspace(directory: Path | str, tag: str = "main", corpus: str = "stdl
             raise WorkspaceError(f"--corpus {corpus} is inside the workspace {root} (or contains it): the agent "
                                  "edits and reads the workspace, and its val/test text must stay out of reach; "
                                  "keep the corpus in a folder of its own, outside the workspace")
+    from mcp_server.loop.sandbox import SandboxUnavailable, refuse_python_inside
+
+    try:
+        refuse_python_inside(root)
+    except SandboxUnavailable as e:
+        raise WorkspaceError(str(e)) from None
     fresh = not root.exists() or not any(root.iterdir())
     if not fresh:
         if (root / ".git").exists() and not force:
