@@ -91,14 +91,19 @@ def _h_copy(move: bool):
         for src in sources:
             if move:
                 g.delete(src, f"{name} {src.shown}", recursive=True)
+                g.replace(src, name)               # renaming train.py away fails in the sandbox too
             else:
                 g.read(src, recursive=recursive)
             if into_dir:
                 base = os.path.basename(src.text.rstrip("/")) or "."
                 g.write(dest.derive(os.path.join(dest.text, base)), f"{name} into {dest.shown}",
                         recursive=recursive)
+                if move:
+                    g.replace(dest.derive(os.path.join(dest.text, base)), name)
         if not into_dir:
             g.write(dest, f"{name} onto {dest.shown}", recursive=recursive)
+            if move:
+                g.replace(dest, name)               # cp writes into the file (works); mv renames over it
     return handler
 
 
@@ -160,6 +165,7 @@ def _h_sed(g: ShellGuard, args, stdin, env):
     if _sed_in_place(args[1:]):
         for a in files:
             g.write(a, f"sed -i on {a.shown}")
+            g.replace(a, "sed -i")
     for script in scripts:
         # sed's own w/W commands (and the s///w flag) write files; e runs a shell command
         for m in re.finditer(r"(?:^|[;}\n/0-9$gpIiMme])\s*[wW]\s*([^;\n}]+)", script):
@@ -224,6 +230,7 @@ def _perl_like(lang: str):
         if in_place:
             for a in files:
                 g.write(a, f"{lang} -i on {a.shown}")
+                g.replace(a, f"{lang} -i")
     return handler
 
 

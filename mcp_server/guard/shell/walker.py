@@ -301,6 +301,19 @@ class ShellGuard:
     def delete(self, arg: Arg, how: str, recursive: bool = False):
         self.write(arg, how, recursive=recursive)
 
+    def replace(self, arg: Arg, how: str):
+        """`how` swaps a new file in by rename (sed -i, perl -i, mv). On an editable file that fails inside
+        Claude Code's sandbox, which makes only the file itself writable, not its folder ("cannot rename ...:
+        Device or resource busy"): say what works instead."""
+        for path in self._concrete(arg):
+            if self.policy.is_editable(path, self.cwd):
+                name = os.path.basename(path)
+                raise Denied(f"{how} replaces {name} by renaming a new file over it, which fails inside the "
+                             f"agent's sandbox (only {name} itself is writable, not its folder: \"Device or "
+                             f"resource busy\"). Edit {name} with your Edit tool (Read it first), or rewrite it "
+                             f"in place: `cat > {name} <<'EOF' ... EOF`, `sed 's/a/b/' {name} > /tmp/t && "
+                             f"cat /tmp/t > {name}`, or `cp NEWFILE {name}`.")
+
     def mention(self, arg: Arg):
         problem = self.policy.hidden_mention(arg.text)
         if problem:
