@@ -384,3 +384,53 @@ def test_init_again_says_a_new_campaign_started_and_plugin_wiring_without_the_pl
     r = subprocess.run([*cli, "init", str(ws), "--tag", "dec01"], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "new campaign 'dec01' on branch loopwright/dec01" in r.stdout and "git checkout loopwright/nov29" in r.stdout
+
+
+# -- issue 24 item 11: the client sandbox's placeholder files do not block an honest agent ---------
+def _repo_with_train(root):
+    from mcp_server.loop import gitops
+
+    (root / ".claude").mkdir(parents=True)
+    (root / ".claude" / "settings.json").write_text("{}\n")
+    (root / "train.py").write_text("LR = 0.01\n")
+    gitops.init_repo_and_pin(root, "pin")
+    (root / "train.py").write_text("LR = 0.02\n")
+    return gitops
+
+
+@pytest.mark.unit
+def test_empty_sandbox_placeholders_are_ignored_and_stay_out_of_the_commit(tmp_path):
+    gitops = _repo_with_train(tmp_path)
+    # what Claude Code's bubblewrap sandbox leaves while a command runs in the background
+    for rel in (".bashrc", ".bash_profile", ".profile", ".gitmodules", ".mcp.json", ".claude/agents",
+                ".claude/commands", ".claude/settings.local.json", ".vscode"):
+        (tmp_path / rel).write_bytes(b"")
+    sha, _ = gitops.commit_editable(tmp_path, ["train.py"], ".loopwright", "LR")
+    assert sha
+    changed = subprocess.run(["git", "-C", str(tmp_path), "show", "--name-only", "--format=", sha],
+                             capture_output=True, text=True, check=True).stdout.split()
+    assert changed == ["train.py"]          # the placeholders are not committed, so no run ever sees them
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("rel,content", [
+    (".bashrc", b"python -c 'import os'\n"),     # a planted profile with content
+    (".claude/agents/evil.md", b""),             # inside the placeholder's name, not the placeholder
+    ("torch.py", b""),                           # an empty module file shadows an import
+    ("prepare/__init__.py", b""),
+    (".bashrc.d", b""),
+])
+def test_planted_files_are_still_refused(tmp_path, rel, content):
+    gitops = _repo_with_train(tmp_path)
+    (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / rel).write_bytes(content)
+    with pytest.raises(gitops.GitError, match="untracked files in the workspace"):
+        gitops.commit_editable(tmp_path, ["train.py"], ".loopwright", "LR")
+
+
+@pytest.mark.unit
+def test_a_symlink_at_a_placeholder_name_is_refused(tmp_path):
+    gitops = _repo_with_train(tmp_path)
+    (tmp_path / ".bashrc").symlink_to("/dev/null")
+    with pytest.raises(gitops.GitError, match=r"\.bashrc"):
+        gitops.commit_editable(tmp_path, ["train.py"], ".loopwright", "LR")

@@ -20,12 +20,15 @@ import fnmatch
 import hashlib
 import os
 import re
+import stat
 import subprocess
 import tempfile
 from pathlib import Path
 from typing import Iterable, Optional
 
 import git
+
+from mcp_server.common.facts import CLIENT_SANDBOX_PLACEHOLDERS
 
 os.environ.setdefault("GIT_NO_REPLACE_OBJECTS", "1")
 
@@ -169,6 +172,19 @@ def changed_paths(root: Path) -> tuple[list[str], list[str]]:
     return tracked, untracked
 
 
+def client_placeholder(root: Path, rel: str) -> bool:
+    """An empty file the agent's client sandbox puts in the workspace while a command runs (facts.py): not
+    the agent's, so not refused. Only an empty regular file at one of those names: a planted .bashrc with
+    content, a symlink or a module file is still refused (and never reaches a run: runs see the commit)."""
+    if rel not in CLIENT_SANDBOX_PLACEHOLDERS:
+        return False
+    try:
+        st = os.lstat(Path(root) / rel)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_size == 0
+
+
 def commit_editable(root: Path, editable: list[str], state_dir: str, message: str) -> tuple[Optional[str], list[str]]:
     """Commit changes to editable paths. Returns (new sha or None if nothing changed, warnings).
 
@@ -181,7 +197,8 @@ def commit_editable(root: Path, editable: list[str], state_dir: str, message: st
         raise GitError(f"changes outside the editable files: {', '.join(foreign)}. Only "
                        f"{', '.join(editable)} may change; undo the others (the guard or the integrity check "
                        "restores frozen files).")
-    stray = [p for p in untracked if not p.startswith(state_dir.rstrip("/") + "/") and not _matches(p, editable)]
+    stray = [p for p in untracked if not p.startswith(state_dir.rstrip("/") + "/") and not _matches(p, editable)
+             and not client_placeholder(root, p)]
     if stray:
         raise GitError(f"untracked files in the workspace: {', '.join(stray[:10])}. Everything an experiment "
                        f"uses must live in {', '.join(editable)}; delete these files or move their content there.")
