@@ -434,3 +434,79 @@ def test_a_symlink_at_a_placeholder_name_is_refused(tmp_path):
     (tmp_path / ".bashrc").symlink_to("/dev/null")
     with pytest.raises(gitops.GitError, match=r"\.bashrc"):
         gitops.commit_editable(tmp_path, ["train.py"], ".loopwright", "LR")
+
+
+# -- issue 24 item 9: doctor flags a plugin whose MCP server cannot start from this PATH ------------
+def _install_in_claude(config, root):
+    """What `claude plugin install` records (Claude Code 2.1.x: installed_plugins.json, version 2)."""
+    import json
+
+    (config / "plugins").mkdir(parents=True)
+    (config / "plugins" / "installed_plugins.json").write_text(json.dumps({"version": 2, "plugins": {
+        "loopwright@loopwright": [{"scope": "user", "installPath": str(root), "version": "0.1.0"}]}}))
+
+
+def _bare_path(tmp_path):
+    import shutil
+
+    bare = tmp_path / "bare-bin"
+    bare.mkdir()
+    (bare / "sh").symlink_to(shutil.which("sh"))
+    return str(bare)
+
+
+@pytest.mark.unit
+def test_doctor_flags_the_checkout_plugin_when_loopwright_is_not_on_path(tmp_path, monkeypatch, capsys):
+    import shutil
+    from pathlib import Path
+
+    from mcp_server.cli.doctor import run_doctor
+
+    repo = Path(__file__).resolve().parent.parent
+    cached = tmp_path / "cache" / "loopwright"          # Claude Code's copy of the checkout's plugin
+    shutil.copytree(repo / "bin", cached / "bin")
+    shutil.copy2(repo / ".mcp.json", cached / ".mcp.json")
+    _install_in_claude(tmp_path / "claude", cached)
+    monkeypatch.setenv("CLAUDE_CONFIG_DIR", str(tmp_path / "claude"))
+    monkeypatch.setenv("PATH", _bare_path(tmp_path))
+    monkeypatch.delenv("LOOPWRIGHT_PYTHON", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert run_doctor(None, skip_server=True) == 1
+    out = capsys.readouterr().out
+    assert "✘ Claude Code: the loopwright plugin's MCP server launcher finds no loopwright" in out, out
+    assert "loopwright plugin install" in out
+
+
+@pytest.mark.unit
+def test_doctor_passes_a_plugin_written_by_plugin_install_and_flags_a_vanished_interpreter(tmp_path):
+    import json
+    import sys
+
+    from mcp_server.agents.plugin import plugin_checks, write_plugin
+
+    write_plugin(tmp_path / "plugin", sys.executable)
+    _install_in_claude(tmp_path / "claude", tmp_path / "plugin")
+    env = {"CLAUDE_CONFIG_DIR": str(tmp_path / "claude"), "PATH": _bare_path(tmp_path), "HOME": str(tmp_path)}
+    (finding,) = plugin_checks(env)
+    assert finding.ok and "resolves" in finding.what, finding
+    mcp = tmp_path / "plugin" / ".mcp.json"
+    data = json.loads(mcp.read_text())
+    data["mcpServers"]["loopwright"]["command"] = str(tmp_path / "old-venv" / "bin" / "python")
+    mcp.write_text(json.dumps(data))
+    (finding,) = plugin_checks(env)
+    assert not finding.ok and "not found" in finding.what and "loopwright plugin install" in finding.fix
+
+
+@pytest.mark.unit
+def test_plugin_install_refuses_a_folder_that_is_not_its_own(tmp_path):
+    import sys
+
+    from mcp_server.agents.plugin import PluginError, write_plugin
+
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(PluginError, match="not empty"):
+        write_plugin(tmp_path, sys.executable)
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+    write_plugin(tmp_path / "p", sys.executable)
+    write_plugin(tmp_path / "p", sys.executable)          # its own: replaced
+    assert (tmp_path / "p" / ".mcp.json").is_file()

@@ -236,6 +236,10 @@ def _state_dir(root: Optional[Path]) -> Optional[Path]:
 def run_doctor(workspace: Optional[str], skip_server: bool = False) -> int:
     checks, root = _workspace_checks(workspace)
     checks += _hook_checks(root, _state_dir(root))
+    from mcp_server.agents.plugin import plugin_checks
+
+    # does the installed plugin's MCP server start from this PATH? ("Failed to connect" otherwise)
+    checks += [Check(f.ok, f.what, f.fix, f.hint) for f in plugin_checks()]
     checks += _unattended_checks(root)
     checks += _sandbox_checks()
     if not skip_server:

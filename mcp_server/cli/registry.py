@@ -108,6 +108,8 @@ for _command in (
     Command("doctor", "clients:doctor", "check the workspace, server, hooks and agent CLIs; say what to fix"),
     Command("wiring", "clients:wiring", "how Claude Code / Codex reach loopwright here (plugin or workspace files, "
                                         "chosen at init with --wiring) and whether anything doubles it"),
+    Command("plugin", "plugin:plugin", "plugin install: write the Claude Code / Codex plugin and a local "
+                                       "marketplace from this package (its server runs this Python)", workspace=False),
     Command("codex-config", "clients:codex_config", "print (or --write) Codex config.toml entries for this workspace"),
     Command("guard", "clients:guard", "hook entry point used by Claude Code and Codex (reads stdin)", workspace=False),
 ):
