@@ -510,3 +510,35 @@ def test_plugin_install_refuses_a_folder_that_is_not_its_own(tmp_path):
     write_plugin(tmp_path / "p", sys.executable)
     write_plugin(tmp_path / "p", sys.executable)          # its own: replaced
     assert (tmp_path / "p" / ".mcp.json").is_file()
+
+
+# -- issue 24 item 8: the README's set-up commands and plugin order agree with the code -------------
+@pytest.mark.unit
+def test_readme_setup_and_plugin_order_agree_with_the_code():
+    import re
+    from pathlib import Path
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    repo = Path(__file__).resolve().parent.parent
+    readme = (repo / "README.md").read_text()
+
+    def section(title):
+        start = readme.index(f"\n## {title}")
+        return readme[start:readme.index("\n## ", start + 1)]
+
+    demo, tests = re.findall(r"```bash\n(.*?)\n```", section("Set up"), re.S)[:2]
+    assert demo.endswith("loopwright demo") and "download.pytorch.org/whl/cpu" in demo
+    assert '".[dev]"' in tests and tests.endswith("python -m pytest -q")
+    dev = tomllib.loads((repo / "pyproject.toml").read_text())["project"]["optional-dependencies"]["dev"]
+    assert any(d.startswith("ray[client]") for d in dev)       # tests/test_ray_cluster.py connects by ray://
+    for needed in ("Python ≥ 3.10", "bubblewrap socat", "python -m pytest -m unit -q"):
+        assert needed in " ".join(section("Set up").split()), needed
+    # init wires each client once (auto: the plugin where it is installed), so the plugin comes first
+    for title in ("The first hour", "Using it from Claude Code", "Using it from Codex"):
+        text = section(title)
+        installs = [m.start() for m in re.finditer(r"(claude|codex) plugin (install|add) loopwright@", text)]
+        assert installs and installs[0] < text.index("loopwright init ~/lw"), title
