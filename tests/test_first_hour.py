@@ -401,10 +401,20 @@ def _repo_with_train(root):
 @pytest.mark.unit
 def test_empty_sandbox_placeholders_are_ignored_and_stay_out_of_the_commit(tmp_path):
     gitops = _repo_with_train(tmp_path)
-    # what Claude Code's bubblewrap sandbox leaves while a command runs in the background
-    for rel in (".bashrc", ".bash_profile", ".profile", ".gitmodules", ".mcp.json", ".claude/agents",
-                ".claude/commands", ".claude/settings.local.json", ".vscode"):
-        (tmp_path / rel).write_bytes(b"")
+    # what Claude Code's bubblewrap sandbox leaves while a command runs in the background: it mounts /dev/null
+    # over each write-denied path that does not exist, and bwrap makes the mount point on the host (the
+    # client removes them once no sandboxed command runs; bwrap alone leaves them, so it makes them here)
+    rels = (".bashrc", ".bash_profile", ".profile", ".gitmodules", ".mcp.json", ".claude/agents",
+            ".claude/commands", ".claude/settings.local.json", ".vscode")
+    import shutil
+
+    if shutil.which("bwrap"):
+        binds = [a for rel in rels for a in ("--ro-bind", "/dev/null", str(tmp_path / rel))]
+        subprocess.run(["bwrap", "--bind", "/", "/", "--dev", "/dev", *binds, "true"], check=True, timeout=60)
+    else:
+        for rel in rels:
+            (tmp_path / rel).write_bytes(b"")
+    assert all((tmp_path / rel).is_file() for rel in rels)
     sha, _ = gitops.commit_editable(tmp_path, ["train.py"], ".loopwright", "LR")
     assert sha
     changed = subprocess.run(["git", "-C", str(tmp_path), "show", "--name-only", "--format=", sha],
