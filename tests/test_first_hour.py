@@ -552,3 +552,28 @@ def test_readme_setup_and_plugin_order_agree_with_the_code():
         text = section(title)
         installs = [m.start() for m in re.finditer(r"(claude|codex) plugin (install|add) loopwright@", text)]
         assert installs and installs[0] < text.index("loopwright init ~/lw"), title
+
+
+@pytest.mark.unit
+def test_doctor_checks_the_codex_plugin_copy_too(tmp_path):
+    import shutil
+    import sys
+    from pathlib import Path
+
+    from mcp_server.agents.plugin import plugin_checks, write_plugin
+
+    repo = Path(__file__).resolve().parent.parent
+    home = tmp_path / "codex"
+    (home).mkdir()
+    (home / "config.toml").write_text('[plugins."loopwright@loopwright"]\nenabled = true\n')
+    cached = home / "plugins" / "cache" / "loopwright" / "loopwright" / "0.1.0"   # what `codex plugin add` copies
+    shutil.copytree(repo / "bin", cached / "bin")
+    shutil.copytree(repo / ".codex-plugin", cached / ".codex-plugin")
+    env = {"CODEX_HOME": str(home), "CLAUDE_CONFIG_DIR": str(tmp_path / "none"), "PATH": _bare_path(tmp_path),
+           "HOME": str(tmp_path)}
+    (finding,) = plugin_checks(env)
+    assert not finding.ok and finding.what.startswith("Codex:") and "finds no loopwright" in finding.what, finding
+    shutil.rmtree(cached)
+    write_plugin(cached, sys.executable)
+    (finding,) = plugin_checks(env)
+    assert finding.ok and sys.executable in finding.what, finding

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -17,7 +18,15 @@ from pathlib import Path
 from typing import Mapping, Optional
 
 from mcp_server import __version__
-from mcp_server.agents.clients import PLUGIN, claude_config_dir, guard_command, hook_groups, plugin_hooks_json
+from mcp_server.agents.clients import (
+    PLUGIN,
+    claude_config_dir,
+    codex_home,
+    guard_command,
+    hook_groups,
+    installed_plugin,
+    plugin_hooks_json,
+)
 from mcp_server.common.facts import MCP_SERVER
 
 # copied as they are; the server and hook entries are written for this interpreter
@@ -129,9 +138,15 @@ class PluginFinding:
     hint: str = ""
 
 
-REINSTALL = ("run `loopwright plugin install` (it writes the plugin with this loopwright's interpreter by "
-             "absolute path), then `claude plugin marketplace update loopwright` and `claude plugin update "
-             "loopwright@loopwright` (or uninstall and install it again); restart claude")
+REINSTALL = {
+    "Claude Code": "run `loopwright plugin install` (it writes the plugin with this loopwright's interpreter by "
+                   "absolute path), then `claude plugin marketplace update loopwright` and `claude plugin update "
+                   "loopwright@loopwright` (or uninstall and install it again); restart claude",
+    "Codex": "run `loopwright plugin install` (it writes the plugin with this loopwright's interpreter by absolute "
+             "path), then `codex plugin marketplace add` that folder and `codex plugin add loopwright@loopwright` "
+             "again; restart codex",
+}
+LAUNCHER_MARK = "Written by `loopwright plugin install`"
 
 
 def claude_plugin_roots(env: Optional[Mapping[str, str]] = None) -> list[Path]:
@@ -152,9 +167,17 @@ def claude_plugin_roots(env: Optional[Mapping[str, str]] = None) -> list[Path]:
     return roots
 
 
-def _server_entry(root: Path) -> Optional[dict]:
+def codex_plugin_roots(env: Optional[Mapping[str, str]] = None) -> list[Path]:
+    """Codex's copies of an enabled loopwright plugin: $CODEX_HOME/plugins/cache/<marketplace>/loopwright/<v>."""
+    env = os.environ if env is None else env
+    if not installed_plugin("codex", env):
+        return []
+    return sorted(p.parent for p in (codex_home(env) / "plugins" / "cache").glob(f"*/{PLUGIN}/*/.codex-plugin"))
+
+
+def _server_entry(path: Path) -> Optional[dict]:
     try:
-        servers = json.loads((root / ".mcp.json").read_text()).get("mcpServers") or {}
+        servers = json.loads(path.read_text()).get("mcpServers") or {}
     except (OSError, ValueError, AttributeError):
         return None
     entry = servers.get(MCP_SERVER)
@@ -177,42 +200,63 @@ def can_import(python: str, env: Mapping[str, str], pythonpath: str = "") -> boo
         return False
 
 
-def server_command_finding(root: Path, env: Mapping[str, str]) -> PluginFinding:
-    """Whether the plugin at `root` starts its MCP server from this environment's PATH."""
-    entry = _server_entry(root)
+def _python_finding(name: str, python: str, env: Mapping[str, str]) -> PluginFinding:
+    where = _resolve(python, env)
+    if where is None:
+        return PluginFinding(False, f"{name}: the loopwright plugin's MCP server command `{python}` is not found "
+                                    "(the client would show \"Failed to connect\")", REINSTALL[name])
+    if os.path.basename(where).startswith(("python", "pypy")) and not can_import(where, env):
+        return PluginFinding(False, f"{name}: the loopwright plugin's MCP server runs {where}, which cannot import "
+                                    "loopwright (uninstalled, or another venv)", REINSTALL[name])
+    return PluginFinding(True, f"{name}: the loopwright plugin's MCP server command resolves ({where})")
+
+
+def _launcher_finding(name: str, script: Path, env: Mapping[str, str]) -> PluginFinding:
+    """bin/loopwright-mcp: the one `plugin install` writes names its Python; the checkout's tries
+    $LOOPWRIGHT_PYTHON, then `loopwright` on PATH, then python3 on the plugin's own source."""
+    try:
+        text = script.read_text()
+    except OSError:
+        return PluginFinding(False, f"{name}: the loopwright plugin's launcher {script} is missing", REINSTALL[name])
+    if LAUNCHER_MARK in text:
+        m = re.search(r"^py='(.*)'$", text, re.M)
+        return _python_finding(name, m.group(1).replace("'\\''", "'") if m else "?", env)
+    lp = env.get("LOOPWRIGHT_PYTHON")
+    if lp and _resolve(lp, env):
+        return PluginFinding(True, f"{name}: the loopwright plugin's MCP server runs $LOOPWRIGHT_PYTHON ({lp})")
+    lw = _resolve("loopwright", env)
+    if lw:
+        return PluginFinding(True, f"{name}: the loopwright plugin's MCP server runs `loopwright` from PATH ({lw})",
+                             hint="a client started with a PATH that lacks it fails to connect; `loopwright plugin "
+                                  "install` pins the interpreter instead")
+    py3 = _resolve("python3", env)
+    if py3 and can_import(py3, env, str(script.parent.parent)):
+        return PluginFinding(True, f"{name}: the loopwright plugin's MCP server runs {py3} on the plugin's own source")
+    return PluginFinding(False, f"{name}: the loopwright plugin's MCP server launcher finds no loopwright: "
+                                "`loopwright` is not on PATH, $LOOPWRIGHT_PYTHON is not set, and python3 here cannot "
+                                "import it (the client would show \"Failed to connect\")", REINSTALL[name])
+
+
+def server_command_finding(root: Path, env: Mapping[str, str], client: str = "claude") -> PluginFinding:
+    """Whether the plugin installed at `root` starts its MCP server from this environment's PATH."""
+    name = "Claude Code" if client == "claude" else "Codex"
+    manifest = root / (".mcp.json" if client == "claude" else ".codex-plugin/mcp.json")
+    entry = _server_entry(manifest)
     if entry is None:
-        return PluginFinding(False, f"Claude Code: the loopwright plugin at {root} has no MCP server entry "
-                                    "(.mcp.json)", REINSTALL)
+        return PluginFinding(False, f"{name}: the loopwright plugin at {root} has no MCP server entry ({manifest.name})",
+                             REINSTALL[name])
     sub = lambda s: str(s).replace("${CLAUDE_PLUGIN_ROOT}", str(root))
     cmd, args = sub(entry.get("command") or ""), [sub(a) for a in entry.get("args") or []]
-    where = _resolve(cmd, env)
-    if where is None:
-        return PluginFinding(False, f"Claude Code: the loopwright plugin's MCP server command `{cmd}` is not "
-                                    "found on PATH (/mcp would show \"Failed to connect\")", REINSTALL)
-    if os.path.basename(cmd) in SHELLS and args and args[0].endswith("bin/loopwright-mcp"):
-        # the checkout's launcher: $LOOPWRIGHT_PYTHON, else `loopwright` on PATH, else python3 + the plugin folder
-        lp = env.get("LOOPWRIGHT_PYTHON")
-        if lp and _resolve(lp, env):
-            return PluginFinding(True, f"Claude Code: the loopwright plugin's MCP server runs $LOOPWRIGHT_PYTHON ({lp})")
-        lw = _resolve("loopwright", env)
-        if lw:
-            return PluginFinding(True, f"Claude Code: the loopwright plugin's MCP server runs `loopwright` from PATH "
-                                       f"({lw})", hint="a claude started with a PATH that lacks it fails to connect; "
-                                                       "`loopwright plugin install` pins the interpreter instead")
-        py3 = _resolve("python3", env)
-        plugin_dir = str(Path(args[0]).parent.parent)
-        if py3 and can_import(py3, env, plugin_dir):
-            return PluginFinding(True, f"Claude Code: the loopwright plugin's MCP server runs {py3} on the plugin's "
-                                       "own source")
-        return PluginFinding(False, "Claude Code: the loopwright plugin's MCP server launcher finds no loopwright: "
-                                    "`loopwright` is not on PATH, $LOOPWRIGHT_PYTHON is not set, and python3 here "
-                                    "cannot import it (/mcp would show \"Failed to connect\")", REINSTALL)
-    if os.path.basename(where).startswith(("python", "pypy")) and not can_import(where, env):
-        return PluginFinding(False, f"Claude Code: the loopwright plugin's MCP server runs {where}, which cannot "
-                                    "import loopwright (uninstalled, or another venv)", REINSTALL)
-    return PluginFinding(True, f"Claude Code: the loopwright plugin's MCP server command resolves ({where})")
+    if os.path.basename(cmd) in SHELLS and args and args[0].endswith(("bin/loopwright-mcp", "bin/loopwright-mcp-codex")):
+        if _resolve(cmd, env) is None:
+            return PluginFinding(False, f"{name}: the loopwright plugin's MCP server command `{cmd}` is not found",
+                                 REINSTALL[name])
+        script = Path(args[0]) if os.path.isabs(args[0]) else root / args[0]   # Codex: relative to cwd "."
+        return _launcher_finding(name, script.parent / "loopwright-mcp", env)
+    return _python_finding(name, cmd, env)
 
 
 def plugin_checks(env: Optional[Mapping[str, str]] = None) -> list[PluginFinding]:
     env = os.environ if env is None else env
-    return [server_command_finding(root, env) for root in claude_plugin_roots(env)]
+    return ([server_command_finding(root, env, "claude") for root in claude_plugin_roots(env)]
+            + [server_command_finding(root, env, "codex") for root in codex_plugin_roots(env)])
