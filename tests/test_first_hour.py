@@ -577,3 +577,15 @@ def test_doctor_checks_the_codex_plugin_copy_too(tmp_path):
     write_plugin(cached, sys.executable)
     (finding,) = plugin_checks(env)
     assert finding.ok and sys.executable in finding.what, finding
+
+
+@pytest.mark.unit
+def test_the_written_plugin_guard_blocks_when_its_python_is_gone(tmp_path):
+    import json
+
+    from mcp_server.agents.plugin import plugin_files
+
+    hooks = json.loads(plugin_files(str(tmp_path / "gone" / "bin" / "python"))["hooks/hooks.json"])["hooks"]
+    r = subprocess.run(["/bin/sh", "-c", hooks["PreToolUse"][0]["hooks"][0]["command"]], input="{}",
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2, (r.returncode, r.stderr)      # blocks in Claude Code and Codex alike

@@ -96,6 +96,9 @@ def plugin_files(python: str, source: Optional[Path] = None) -> dict[str, str]:
     files["bin/loopwright-mcp"] = _launcher(python)
     hooks = plugin_hooks_json()
     hooks["hooks"] = hook_groups(guard_command(python), pre_timeout=10, on_failure_block=True)
+    # fail closed in both clients (Codex has no onFailure): a vanished interpreter (127) or a crash blocks
+    pre = hooks["hooks"]["PreToolUse"][0]["hooks"][0]
+    pre["command"] += " || exit 2"
     files["hooks/hooks.json"] = json.dumps(hooks, indent=2) + "\n"
     return files
 
