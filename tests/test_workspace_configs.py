@@ -238,13 +238,13 @@ def test_codex_sandbox_with_the_init_config_keeps_the_agents_shell_off_the_state
 def test_codex_exec_as_the_launcher_starts_it_denies_the_state_to_the_agents_shell(tmp_path, small_corpus):
     """`loopwright launch --agent codex`'s own argv (no -s: it would replace the profile with workspace-write,
     which reads everything and writes /tmp), against the real codex exec and a scripted model."""
-    import shutil
+    import tomli_w
+
+    from mcp_server.agents import launch
 
     from conftest import make_workspace
     from realclients import fake_openai as fo
     from realclients import harness as h
-
-    from mcp_server.agents import launch
 
     exe = h.require_binary("codex")
     ws = make_workspace(tmp_path / "ws", small_corpus)
@@ -262,8 +262,6 @@ def test_codex_exec_as_the_launcher_starts_it_denies_the_state_to_the_agents_she
     env["FAKE_OPENAI_KEY"] = "dummy-key"
     with fake:
         cfg = h.codex_config(fake.url)
-        import tomli_w
-
         (Path(env["CODEX_HOME"]) / "config.toml").write_text(tomli_w.dumps(cfg))
         r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=180, cwd=ws.root)
     outs = [e["item"] for e in map(json.loads, filter(None, r.stdout.splitlines()))
@@ -276,4 +274,3 @@ def test_codex_exec_as_the_launcher_starts_it_denies_the_state_to_the_agents_she
     assert not Path("/tmp/loopwright-codex-exec-probe").exists() and not marker.exists()
     assert not (ws.root / "prepare.py").read_text().endswith("X\n")
     assert (ws.root / "train.py").read_text().endswith("# ok\n")
-    shutil.rmtree(tmp_path / "codex-home", ignore_errors=True)

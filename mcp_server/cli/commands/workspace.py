@@ -21,6 +21,9 @@ def init_args(sp) -> None:
                     help="how Claude Code / Codex reach loopwright: plugin (the installed plugin brings the server "
                          "and hooks; the workspace gets none), workspace (the workspace carries .mcp.json, hooks "
                          "and .codex/config.toml), auto (default: plugin for a client that has it installed)")
+    sp.add_argument("--agent-group", metavar="GROUP",
+                    help="the agent runs as another OS user in GROUP: the group may read the workspace and write "
+                         "only its editable files; the state stays this user's alone (README, Threat model)")
 
 
 def init(args) -> int:
@@ -42,6 +45,13 @@ def init(args) -> int:
 
     wiring = resolve_wiring(args.wiring)
     existing = (target / CONFIG_NAME).is_file()
+    if args.agent_group:
+        from mcp_server.loop.deploy import DeployError, group_id
+
+        try:
+            group_id(args.agent_group)    # before anything is made
+        except DeployError as e:
+            return usage_error("init", str(e))
     try:
         ws = init_workspace(args.dir, tag=args.tag, corpus=args.corpus, time_budget=args.time_budget,
                             force=args.force, wiring=wiring)
@@ -57,6 +67,13 @@ def init(args) -> int:
                         f"loopwright/{others[-1]}` goes back to one)" if others else ""))
         return 0
     print(f"workspace ready: {ws.root} (campaign '{args.tag}', branch loopwright/{args.tag})")
+    if args.agent_group:
+        from mcp_server.loop.deploy import share_with_group
+
+        for line in share_with_group(ws.root, args.agent_group, ws.cfg.paths.editable):
+            print(f"shared: {line}")
+        print(f"the state ({ws.state_dir}) stays this user's alone: serve the agent's MCP tools as this user "
+              f"(`loopwright serve --http --workspace {ws.root}`, or a sudo wrapper; README, Threat model)")
     names = (("claude", "Claude Code"), ("codex", "Codex"))
     print("wiring: " + ", ".join(f"{name} via " + ("its plugin" if wiring[c] == "plugin" else "the workspace's files")
                                  for c, name in names) + " (`loopwright wiring` checks it)")
