@@ -73,9 +73,10 @@ INIT = r"""
 import json, sys
 from mcp_server.loop.setup import init_workspace
 from mcp_server.loop.deploy import share_with_group
-root, corpus, bench, group, overrides = sys.argv[1:6]
-ws = init_workspace(root, tag="t", corpus=corpus, overrides=json.loads(overrides), bench_dir=bench)
-share_with_group(ws.root, group, ws.cfg.paths.editable)      # what `loopwright init --agent-group` does
+root, corpus, bench, group, overrides, url = sys.argv[1:7]
+# what `loopwright init --agent-group GROUP --mcp-url URL` does, with the tiny benchmark
+ws = init_workspace(root, tag="t", corpus=corpus, overrides=json.loads(overrides), bench_dir=bench, mcp_url=url)
+share_with_group(ws.root, group, ws.cfg.paths.editable)
 print(json.dumps({"state": str(ws.state_dir), "data": str(ws.data_dir), "db": str(ws.db_path)}))
 """
 
@@ -186,12 +187,17 @@ def test_loop_and_agent_as_separate_users(tmp_path, small_corpus):
         ws.mkdir()
         _run("chown", f"{loop}:{loop}", str(ws))
 
+        port = _free_port()
+        url = f"http://127.0.0.1:{port}/mcp"
         r = _as(loop, lhome, sys.executable, "-c", INIT, str(ws), str(corpus), str(bench), group, json.dumps(FAST),
-                timeout=300)
+                url, timeout=300)
         paths = json.loads(r.stdout.strip().splitlines()[-1])
         state = Path(paths["state"])
         assert state.is_relative_to(Path(lhome) / ".local/share/loopwright/workspaces"), state
         assert stat.S_IMODE(state.stat().st_mode) == 0o700 and state.stat().st_uid == _uid(loop)
+        # the agent's clients do not start the loop (as the agent it could not read its state): they reach it
+        assert json.loads((ws / ".mcp.json").read_text())["mcpServers"]["loopwright"] == {"type": "http", "url": url}
+        assert f'url = "{url}"' in (ws / ".codex" / "config.toml").read_text()
 
         # as the agent, no sandbox: the state, the data and the frozen files are out of reach; train.py is not
         probe = base / "probe.py"
@@ -207,12 +213,11 @@ def test_loop_and_agent_as_separate_users(tmp_path, small_corpus):
         assert r.returncode != 0, r.stdout + r.stderr
 
         # the MCP tools, through the server running as the loop's user
-        port = _free_port()
         server = _serve(loop, lhome, ws, port)
         _wait_listening(server, port)
         client = base / "client.py"
         client.write_text(CLIENT)
-        res = json.loads(_as(agent, ahome, sys.executable, str(client), f"http://127.0.0.1:{port}/mcp", str(ws),
+        res = json.loads(_as(agent, ahome, sys.executable, str(client), url, str(ws),
                              timeout=600).stdout.strip().splitlines()[-1])
         assert not res["state_read"]["error"], res["state_read"]
         run = res["run_experiment"]
@@ -255,6 +260,10 @@ def test_init_agent_group_refuses_a_missing_group_before_making_anything(tmp_pat
     r = subprocess.run([sys.executable, "-m", "mcp_server.cli", "init", str(ws), "--agent-group",
                         f"no-such-group-{secrets.token_hex(3)}"], capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "does not exist: create it (`groupadd" in r.stderr, r.stderr
+    assert not ws.exists()
+    r = subprocess.run([sys.executable, "-m", "mcp_server.cli", "init", str(ws), "--mcp-url", "http://127.0.0.1:1/mcp"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "--mcp-url goes with --agent-group" in r.stderr, r.stderr
     assert not ws.exists()
 
 

@@ -88,7 +88,10 @@ def plugin_hooks_json() -> dict:
             "hooks": hook_groups(PLUGIN_GUARD, pre_timeout=10, on_failure_block=True)}
 
 
-def mcp_json(python: str, root: Path) -> dict:
+def mcp_json(python: str, root: Path, url: Optional[str] = None) -> dict:
+    """`url`: a server already running (as the loop's user, `loopwright serve --http`), not one to start."""
+    if url:
+        return {"mcpServers": {MCP_SERVER: {"type": "http", "url": url}}}
     serve = serve_argv(python, root)
     return {"mcpServers": {MCP_SERVER: {"command": serve[0], "args": serve[1:]}}}
 
@@ -169,21 +172,22 @@ def _toml(value: Any) -> str:
 
 
 def _codex_server_and_hooks(python: str, root: Path, tool_timeout_s: int = 3600, name: str = MCP_SERVER,
-                            serve: Optional[list[str]] = None) -> dict[str, Any]:
+                            serve: Optional[list[str]] = None, url: Optional[str] = None) -> dict[str, Any]:
     """Dotted keys → values: the MCP server and the guard hooks, as Codex reads them."""
     serve = serve or serve_argv(python, root)
     hooks = hook_groups(guard_command(python), pre_timeout=30, stop_timeout=60, start_timeout=60)
     hooks["SessionStart"][0]["matcher"] = "startup|resume"
+    # Codex gives a server it starts only a few variables: pass the state dir's home and the launched session
+    where: dict[str, Any] = ({f"mcp_servers.{name}.url": url} if url else
+                             {f"mcp_servers.{name}.command": serve[0], f"mcp_servers.{name}.args": serve[1:],
+                              f"mcp_servers.{name}.env_vars": list(SERVER_ENV_VARS)})
     return {
-        f"mcp_servers.{name}.command": serve[0],
-        f"mcp_servers.{name}.args": serve[1:],
+        **where,
         f"mcp_servers.{name}.required": True,          # wait for the server before the first turn
         f"mcp_servers.{name}.startup_timeout_sec": 60,
         f"mcp_servers.{name}.tool_timeout_sec": int(tool_timeout_s),   # an experiment trains for minutes
         # score and revert are marked destructive: with approvals off, Codex would refuse them
         f"mcp_servers.{name}.default_tools_approval_mode": "approve",
-        # Codex gives an MCP server only a few variables: pass the state dir's home and the launched session
-        f"mcp_servers.{name}.env_vars": list(SERVER_ENV_VARS),
         "hooks.PreToolUse": hooks["PreToolUse"],
         "hooks.Stop": hooks["Stop"],
         "hooks.SessionStart": hooks["SessionStart"],
@@ -210,7 +214,8 @@ def codex_overrides(root: Path, python: str, tool_timeout_s: float, level: str =
 
 
 def codex_config_toml(python: str, root: Path, wiring: str, with_sandbox: bool = True,
-                      state_dir: Optional[Path] = None, private: Iterable[str] = ()) -> str:
+                      state_dir: Optional[Path] = None, private: Iterable[str] = (),
+                      mcp_url: Optional[str] = None) -> str:
     """A Codex config.toml (the workspace's .codex/config.toml, or the block for $CODEX_HOME/config.toml)."""
     lines = ["# loopwright for Codex: the sandbox"
              + (", the MCP server and the guard hooks" if wiring == "workspace" else
@@ -224,7 +229,7 @@ def codex_config_toml(python: str, root: Path, wiring: str, with_sandbox: bool =
         lines += [f"{_toml(k)} = {_toml(v)}" for k, v in profile["filesystem"].items()]
         lines += ["", f"[permissions.{CODEX_PROFILE}.network]", "enabled = false", ""]
     if wiring == "workspace":
-        pairs = _codex_server_and_hooks(python, root)
+        pairs = _codex_server_and_hooks(python, root, url=mcp_url)
         lines.append(f"[mcp_servers.{MCP_SERVER}]")
         for key, value in pairs.items():
             if key.startswith("mcp_servers."):
@@ -299,20 +304,21 @@ def resolve_wiring(wiring: str, env: Optional[Mapping[str, str]] = None) -> dict
 
 def workspace_files(root: Path, python: str, state_dir: Optional[Path] = None, wiring: str | Mapping[str, str] = "workspace",
                     editable: Iterable[str] = ("train.py",), env: Optional[Mapping[str, str]] = None,
-                    private: Iterable[str] = ()) -> dict[str, str]:
+                    private: Iterable[str] = (), mcp_url: Optional[str] = None) -> dict[str, str]:
     """The client files `loopwright init` writes into a workspace, for the chosen wiring. With the plugin
     wiring there is no .mcp.json and no hooks (the plugin brings them), only the sandbox settings.
-    `private`: paths the agent's shell must not read (a corpus on disk)."""
+    `private`: paths the agent's shell must not read (a corpus on disk). `mcp_url`: the clients reach a
+    running server there instead of starting one (the agent as another OS user cannot run the loop)."""
     chosen = resolve_wiring(wiring, env) if isinstance(wiring, str) else dict(wiring)
     root = Path(root)
     files = {".claude/settings.json": json.dumps(claude_settings(python, root, state_dir, chosen["claude"], editable,
                                                                       private),
                                                  indent=2) + "\n",
              ".codex/config.toml": codex_config_toml(python, root, chosen["codex"], state_dir=state_dir,
-                                                     private=private),
+                                                     private=private, mcp_url=mcp_url),
              WIRING_FILE: json.dumps(chosen, indent=2, sort_keys=True) + "\n"}
     if chosen["claude"] == "workspace":
-        files[".mcp.json"] = json.dumps(mcp_json(python, root), indent=2) + "\n"
+        files[".mcp.json"] = json.dumps(mcp_json(python, root, mcp_url), indent=2) + "\n"
     return files
 
 
