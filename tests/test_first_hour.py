@@ -331,7 +331,7 @@ def test_doctor_green_for_one_wiring_and_red_for_a_double(tmp_path, small_corpus
     doctor = [sys.executable, "-m", "mcp_server.cli", "doctor", "--skip-server", "-w", str(ws.root)]
     r = subprocess.run(doctor, capture_output=True, text=True, env=env, timeout=300)
     assert "✔ Claude Code: wired by the workspace's own files" in r.stdout
-    assert "✔ Claude Code sandbox on" in r.stdout and "✔ Codex sandbox_mode = 'workspace-write'" in r.stdout
+    assert "✔ Claude Code sandbox on" in r.stdout and "✔ Codex permission profile 'loopwright'" in r.stdout
     assert "wired twice" not in r.stdout
     assert f"✔ corpus {small_corpus}: held-out text out of train.py's reach" in r.stdout
     # the README's old double wiring: the plugin installed on top of the workspace's files

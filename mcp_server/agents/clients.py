@@ -13,9 +13,10 @@ shows two servers); without it, the workspace carries them. `loopwright init
 then frozen in the pinned commit, so the choice is made once, at init.
 Either way the workspace's configs turn the client's own sandbox on (issue 10):
 Claude Code's `sandbox` (bubblewrap on Linux) with writes limited to the editable
-files and a scratch dir and the loop's state dir unreadable; Codex
-`workspace-write`. The guard hooks stay the friendly first layer; the sandbox is
-the boundary.
+files and a scratch dir and the loop's state dir unreadable; Codex's permission
+profile `loopwright` (bubblewrap + seccomp on Linux) with the same reach (issue 23:
+its older `workspace-write` mode reads everything and writes the system temp dir).
+The guard hooks stay the friendly first layer; the sandbox is the boundary.
 """
 from __future__ import annotations
 
@@ -87,7 +88,10 @@ def plugin_hooks_json() -> dict:
             "hooks": hook_groups(PLUGIN_GUARD, pre_timeout=10, on_failure_block=True)}
 
 
-def mcp_json(python: str, root: Path) -> dict:
+def mcp_json(python: str, root: Path, url: Optional[str] = None) -> dict:
+    """`url`: a server already running (as the loop's user, `loopwright serve --http`), not one to start."""
+    if url:
+        return {"mcpServers": {MCP_SERVER: {"type": "http", "url": url}}}
     serve = serve_argv(python, root)
     return {"mcpServers": {MCP_SERVER: {"command": serve[0], "args": serve[1:]}}}
 
@@ -123,7 +127,33 @@ def claude_settings(python: str, root: Path, state_dir: Optional[Path], wiring: 
 
 
 SERVER_ENV_VARS = ("LOOPWRIGHT_HOME", "XDG_DATA_HOME", "LOOPWRIGHT_SESSION_ID", "LOOPWRIGHT_SESSION_LEVEL")
-CODEX_SANDBOX = {"sandbox_mode": "workspace-write", "sandbox_workspace_write.network_access": False}
+CODEX_PROFILE = "loopwright"
+# Read-only inside Codex's writable workspace: the frozen files, and all of .loopwright (the id and the train
+# view; a missing parent of a listed path would break every sandboxed command, .loopwright always exists).
+CODEX_READ_ONLY = tuple(p for p in FROZEN_WORKSPACE_FILES if not p.startswith(".loopwright/")) + (".claude",
+                                                                                                   ".loopwright")
+
+
+def codex_permissions(root: Path, state_dir: Optional[Path], private: Iterable[str] = ()) -> dict:
+    """Codex's permission profile `loopwright` for the agent's shell: reads everywhere except the loop's state
+    (this workspace's and every other one's) and the `private` paths, which are denied; writes only in the
+    workspace (its frozen files read-only) and the scratch dir -- not /tmp, not $TMPDIR; no network.
+    A profile, not `sandbox_mode = "workspace-write"`: that older mode cannot deny a read and leaves the
+    system temp dir writable. Codex uses the older mode instead whenever it is started with -s/--sandbox."""
+    root = Path(root)
+    scratch = scratch_dir(state_dir)
+    scratch.mkdir(mode=0o700, exist_ok=True)   # the profile cannot create it: /tmp is not writable
+    fs: dict[str, Any] = {"/": "read",
+                          str(root): {".": "write", **{p: "read" for p in CODEX_READ_ONLY}},
+                          str(scratch): "write"}
+    # every workspace's state (the same corpus gives the same val/test text). One entry per tree: Codex's
+    # bubblewrap cannot mount a deny inside another deny ("Can't mkdir ...: Read-only file system").
+    denied: list[Path] = [Path(state_dir).parent] if state_dir is not None else []
+    for p in map(Path, private):
+        if not any(p == d or d in p.parents for d in denied):
+            denied = [d for d in denied if p not in d.parents] + [p]
+    fs.update({str(d): "deny" for d in denied})
+    return {"filesystem": fs, "network": {"enabled": False}}
 
 
 def _toml(value: Any) -> str:
@@ -136,27 +166,28 @@ def _toml(value: Any) -> str:
         return json.dumps(value)
     if isinstance(value, list):
         return "[" + ", ".join(_toml(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, dict):   # keys quoted: paths are keys of a permission profile
+        return "{" + ", ".join(f"{json.dumps(k)} = {_toml(v)}" for k, v in value.items()) + "}"
     raise TypeError(value)
 
 
 def _codex_server_and_hooks(python: str, root: Path, tool_timeout_s: int = 3600, name: str = MCP_SERVER,
-                            serve: Optional[list[str]] = None) -> dict[str, Any]:
+                            serve: Optional[list[str]] = None, url: Optional[str] = None) -> dict[str, Any]:
     """Dotted keys → values: the MCP server and the guard hooks, as Codex reads them."""
     serve = serve or serve_argv(python, root)
     hooks = hook_groups(guard_command(python), pre_timeout=30, stop_timeout=60, start_timeout=60)
     hooks["SessionStart"][0]["matcher"] = "startup|resume"
+    # Codex gives a server it starts only a few variables: pass the state dir's home and the launched session
+    where: dict[str, Any] = ({f"mcp_servers.{name}.url": url} if url else
+                             {f"mcp_servers.{name}.command": serve[0], f"mcp_servers.{name}.args": serve[1:],
+                              f"mcp_servers.{name}.env_vars": list(SERVER_ENV_VARS)})
     return {
-        f"mcp_servers.{name}.command": serve[0],
-        f"mcp_servers.{name}.args": serve[1:],
+        **where,
         f"mcp_servers.{name}.required": True,          # wait for the server before the first turn
         f"mcp_servers.{name}.startup_timeout_sec": 60,
         f"mcp_servers.{name}.tool_timeout_sec": int(tool_timeout_s),   # an experiment trains for minutes
         # score and revert are marked destructive: with approvals off, Codex would refuse them
         f"mcp_servers.{name}.default_tools_approval_mode": "approve",
-        # Codex gives an MCP server only a few variables: pass the state dir's home and the launched session
-        f"mcp_servers.{name}.env_vars": list(SERVER_ENV_VARS),
         "hooks.PreToolUse": hooks["PreToolUse"],
         "hooks.Stop": hooks["Stop"],
         "hooks.SessionStart": hooks["SessionStart"],
@@ -164,27 +195,41 @@ def _codex_server_and_hooks(python: str, root: Path, tool_timeout_s: int = 3600,
 
 
 def codex_overrides(root: Path, python: str, tool_timeout_s: float, level: str = "inner",
-                    outer_server: str = "loopwright_outer") -> list[str]:
-    """The launcher's `-c` overrides for `codex exec`: sandbox, MCP server and hooks."""
+                    outer_server: str = "loopwright_outer", state_dir: Optional[Path] = None,
+                    private: Iterable[str] = ()) -> list[str]:
+    """The launcher's `-c` overrides for `codex exec`: the permission profile, MCP server and hooks (the
+    caller must not pass -s/--sandbox: Codex would drop the profile for the older sandbox modes)."""
     name = outer_server if level == "outer" else MCP_SERVER
     serve = [python, "-m", "mcp_server.cli", "serve"] + (["--level", "outer"] if level == "outer" else [])
-    pairs = {**CODEX_SANDBOX, **_codex_server_and_hooks(python, root, int(max(tool_timeout_s, 600)), name,
-                                                         serve + ["--workspace", str(root)])}
+    profile = codex_permissions(root, state_dir, private)
+    pairs = {"default_permissions": CODEX_PROFILE,
+             f"permissions.{CODEX_PROFILE}.filesystem": profile["filesystem"],
+             f"permissions.{CODEX_PROFILE}.network.enabled": profile["network"]["enabled"],
+             **_codex_server_and_hooks(python, root, int(max(tool_timeout_s, 600)), name,
+                                       serve + ["--workspace", str(root)])}
     out: list[str] = []
     for key, value in pairs.items():
         out += ["-c", f"{key}={_toml(value)}"]
     return out
 
 
-def codex_config_toml(python: str, root: Path, wiring: str, with_sandbox: bool = True) -> str:
+def codex_config_toml(python: str, root: Path, wiring: str, with_sandbox: bool = True,
+                      state_dir: Optional[Path] = None, private: Iterable[str] = (),
+                      mcp_url: Optional[str] = None) -> str:
     """A Codex config.toml (the workspace's .codex/config.toml, or the block for $CODEX_HOME/config.toml)."""
     lines = ["# loopwright for Codex: the sandbox"
              + (", the MCP server and the guard hooks" if wiring == "workspace" else
                 " (the MCP server and hooks come from the installed loopwright plugin)")]
     if with_sandbox:
-        lines += ['sandbox_mode = "workspace-write"', "[sandbox_workspace_write]", "network_access = false", ""]
+        profile = codex_permissions(root, state_dir, private)
+        lines += ["# the agent's shell: no read of the loop's state, writes only in the workspace and the scratch "
+                  "dir;", "# do not start Codex with -s/--sandbox (it would replace this profile)",
+                  f"default_permissions = {_toml(CODEX_PROFILE)}", "",
+                  f"[permissions.{CODEX_PROFILE}.filesystem]"]
+        lines += [f"{_toml(k)} = {_toml(v)}" for k, v in profile["filesystem"].items()]
+        lines += ["", f"[permissions.{CODEX_PROFILE}.network]", "enabled = false", ""]
     if wiring == "workspace":
-        pairs = _codex_server_and_hooks(python, root)
+        pairs = _codex_server_and_hooks(python, root, url=mcp_url)
         lines.append(f"[mcp_servers.{MCP_SERVER}]")
         for key, value in pairs.items():
             if key.startswith("mcp_servers."):
@@ -259,19 +304,21 @@ def resolve_wiring(wiring: str, env: Optional[Mapping[str, str]] = None) -> dict
 
 def workspace_files(root: Path, python: str, state_dir: Optional[Path] = None, wiring: str | Mapping[str, str] = "workspace",
                     editable: Iterable[str] = ("train.py",), env: Optional[Mapping[str, str]] = None,
-                    private: Iterable[str] = ()) -> dict[str, str]:
+                    private: Iterable[str] = (), mcp_url: Optional[str] = None) -> dict[str, str]:
     """The client files `loopwright init` writes into a workspace, for the chosen wiring. With the plugin
     wiring there is no .mcp.json and no hooks (the plugin brings them), only the sandbox settings.
-    `private`: paths the agent's shell must not read (a corpus on disk)."""
+    `private`: paths the agent's shell must not read (a corpus on disk). `mcp_url`: the clients reach a
+    running server there instead of starting one (the agent as another OS user cannot run the loop)."""
     chosen = resolve_wiring(wiring, env) if isinstance(wiring, str) else dict(wiring)
     root = Path(root)
     files = {".claude/settings.json": json.dumps(claude_settings(python, root, state_dir, chosen["claude"], editable,
                                                                       private),
                                                  indent=2) + "\n",
-             ".codex/config.toml": codex_config_toml(python, root, chosen["codex"]),
+             ".codex/config.toml": codex_config_toml(python, root, chosen["codex"], state_dir=state_dir,
+                                                     private=private, mcp_url=mcp_url),
              WIRING_FILE: json.dumps(chosen, indent=2, sort_keys=True) + "\n"}
     if chosen["claude"] == "workspace":
-        files[".mcp.json"] = json.dumps(mcp_json(python, root), indent=2) + "\n"
+        files[".mcp.json"] = json.dumps(mcp_json(python, root, mcp_url), indent=2) + "\n"
     return files
 
 
@@ -380,11 +427,21 @@ def check_sandboxes(root: Path, state_dir: Optional[Path]) -> list[Finding]:
                                      f"and {scratch_dir(state_dir)}; the state dir unreachable)" if not problems else
                        "Claude Code sandbox: " + "; ".join(problems),
                        "the workspace predates these settings: make a new one with `loopwright init DIR`"))
-    mode = _read_toml(root / ".codex" / "config.toml").get("sandbox_mode")
-    out.append(Finding(mode == "workspace-write", f"Codex sandbox_mode = {mode!r} in .codex/config.toml"
-                       + (" (the launcher passes -s workspace-write too)" if mode == "workspace-write" else ""),
+    codex = _read_toml(root / ".codex" / "config.toml")
+    fs = ((codex.get("permissions") or {}).get(CODEX_PROFILE) or {}).get("filesystem") or {}
+    problems = []
+    if codex.get("default_permissions") != CODEX_PROFILE:
+        problems.append(f"default_permissions is not {CODEX_PROFILE!r}")
+    if "sandbox_mode" in codex:
+        problems.append("it sets sandbox_mode (Codex then ignores the permission profile: no read denies, /tmp "
+                        "writable)")
+    if state_dir is not None and not any(fs.get(str(d)) == "deny" for d in (Path(state_dir), *Path(state_dir).parents)):
+        problems.append(f"the state dir {state_dir} is not denied in [permissions.{CODEX_PROFILE}.filesystem]")
+    out.append(Finding(not problems, f"Codex permission profile {CODEX_PROFILE!r} in .codex/config.toml (the "
+                                     "state dir unreadable, no writes outside the workspace and the scratch dir)"
+                       if not problems else "Codex sandbox in .codex/config.toml: " + "; ".join(problems),
                        "the workspace predates these settings: make a new one with `loopwright init DIR` "
-                       "(`loopwright launch --agent codex` passes -s workspace-write either way)"))
+                       "(`loopwright launch --agent codex` passes the profile either way)"))
     return out
 
 

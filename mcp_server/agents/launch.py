@@ -61,7 +61,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from mcp_server.common.facts import MCP_SERVER, MCP_TOOLS
 from mcp_server.common.procs import kill_group
@@ -296,19 +296,30 @@ def claude_outer_argv(exe: str, root: Path, state_dir: Path, prompt: str, cost_l
     return argv + extra
 
 
-def codex_overrides(root: Path, python: str, tool_timeout_s: float, level: str = "inner") -> list[str]:
-    """`-c` overrides: the workspace-write sandbox, the loopwright MCP server and the guard hooks, run by
-    `python` (generated in agents/clients.py, with every other client config)."""
+def private_paths(corpus: str) -> list[str]:
+    """A corpus on disk, kept from the agent's shell like the state dir (the named corpora live in the state)."""
+    from mcp_server.loop.config import NAMED_CORPORA
+
+    return [] if corpus in NAMED_CORPORA else [corpus]
+
+
+def codex_overrides(root: Path, python: str, tool_timeout_s: float, level: str = "inner",
+                    state_dir: Optional[Path] = None, private: Sequence[str] = ()) -> list[str]:
+    """`-c` overrides: the `loopwright` permission profile, the loopwright MCP server and the guard hooks, run
+    by `python` (generated in agents/clients.py, with every other client config)."""
     from mcp_server.agents import clients
 
-    return clients.codex_overrides(root, python, tool_timeout_s, level, outer_server=OUTER_SERVER)
+    return clients.codex_overrides(root, python, tool_timeout_s, level, outer_server=OUTER_SERVER,
+                                   state_dir=state_dir, private=private)
 
 
 def codex_argv(exe: str, root: Path, prompt: str, tool_timeout_s: float, extra: list[str],
-               level: str = "inner") -> list[str]:
-    return ([exe, "exec", "--json", "--dangerously-bypass-hook-trust", "-s", "workspace-write",
+               level: str = "inner", state_dir: Optional[Path] = None, private: Sequence[str] = ()) -> list[str]:
+    # no -s/--sandbox: with it Codex drops the permission profile (and its read denies) for workspace-write
+    return ([exe, "exec", "--json", "--dangerously-bypass-hook-trust",
              "-c", 'approval_policy="never"', "-C", str(root)]
-            + codex_overrides(root, sys.executable, tool_timeout_s, level) + extra + ["--", prompt])
+            + codex_overrides(root, sys.executable, tool_timeout_s, level, state_dir, private) + extra
+            + ["--", prompt])
 
 
 def builtin_argv(root: Path, limit_s: float) -> list[str]:
@@ -464,7 +475,8 @@ def launch_session(root: Path | str, agent: str, trigger: str = "manual", detail
             parser = ClaudeParser()
         elif agent == "codex":
             price = parse_price(env.get("LOOPWRIGHT_CODEX_PRICE"))
-            argv = codex_argv(find_client("codex", env), ws.root, prompt, limit_s, _extra_args(env, "codex"), level)
+            argv = codex_argv(find_client("codex", env), ws.root, prompt, limit_s, _extra_args(env, "codex"), level,
+                              ws.state_dir, private_paths(ws.cfg.benchmark.corpus))
             parser = CodexParser(price)
         elif level == "outer":   # the built-in outer loop: one step (decide a trial, start the next)
             argv = [sys.executable, "-m", "mcp_server.cli", "mechanisms", "step", "--workspace", str(ws.root)]

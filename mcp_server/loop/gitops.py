@@ -23,8 +23,9 @@ import re
 import stat
 import subprocess
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Iterable, Iterator, Optional
 
 import git
 
@@ -221,7 +222,36 @@ def commit_editable(root: Path, editable: list[str], state_dir: str, message: st
 def reset_to(root: Path, commit: str) -> None:
     """Move the current branch to `commit` and make the tree match it (tracked files only)."""
     r = repo(root)
-    r.head.reset(commit, index=True, working_tree=True)
+    with _keeping_modes(r):
+        r.head.reset(commit, index=True, working_tree=True)
+
+
+@contextmanager
+def _keeping_modes(r: git.Repo) -> Iterator[None]:
+    """Git re-creates each file it changes with this process's umask and group. In a workspace shared with an
+    agent running as another user (`loopwright init --agent-group`), the editable files are group-writable for
+    the agent's group: put each tracked file's mode and group back, or a revert would lock the agent out."""
+    root = Path(r.working_tree_dir or ".")
+    before = {}
+    for rel in r.git.ls_files("-z").split("\0"):
+        try:
+            st = os.lstat(root / rel)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            before[rel] = st
+    yield
+    for rel, old in before.items():
+        try:
+            now = os.lstat(root / rel)
+            if not stat.S_ISREG(now.st_mode):
+                continue
+            if now.st_gid != old.st_gid:
+                os.chown(root / rel, -1, old.st_gid)
+            if stat.S_IMODE(now.st_mode) != stat.S_IMODE(old.st_mode):
+                os.chmod(root / rel, stat.S_IMODE(old.st_mode))
+        except OSError:
+            continue
 
 
 def move_branch(root: Path, commit: str) -> None:
@@ -234,7 +264,8 @@ def checkout_files(root: Path, commit: str, paths: list[str]) -> None:
     r = repo(root)
     existing = [p for p in paths if _exists_in(r, commit, p)]
     if existing:
-        r.git.checkout(commit, "--", *existing)
+        with _keeping_modes(r):
+            r.git.checkout(commit, "--", *existing)
 
 
 def _exists_in(r: git.Repo, commit: str, path: str) -> bool:

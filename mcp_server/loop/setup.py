@@ -57,19 +57,21 @@ def agent_pointer(kind: str) -> str:
 
 
 def client_configs(root: Path, python: str, state_dir: Optional[Path] = None,
-                   wiring: str | Mapping[str, str] = "workspace", corpus: str = "stdlib") -> dict[str, str]:
+                   wiring: str | Mapping[str, str] = "workspace", corpus: str = "stdlib",
+                   mcp_url: Optional[str] = None) -> dict[str, str]:
     """The client files a workspace carries for `wiring` (agents/clients.py is their one home); a corpus
-    on disk is kept from the agent's shell like the state dir."""
+    on disk is kept from the agent's shell like the state dir. `mcp_url`: the clients reach a running server
+    there (the separate-user deployment) instead of starting one."""
     from mcp_server.agents import clients
 
     private = [] if corpus in cfgmod.NAMED_CORPORA else [corpus]
-    return clients.workspace_files(root, python, state_dir, wiring, private=private)
+    return clients.workspace_files(root, python, state_dir, wiring, private=private, mcp_url=mcp_url)
 
 
 def init_workspace(directory: Path | str, tag: str = "main", corpus: str = "stdlib",
                    time_budget: Optional[float] = None, force: bool = False,
                    overrides: Optional[dict] = None, bench_dir: Optional[Path] = None,
-                   wiring: str | Mapping[str, str] = "workspace") -> Workspace:
+                   wiring: str | Mapping[str, str] = "workspace", mcp_url: Optional[str] = None) -> Workspace:
     """Create a workspace (or a new campaign in an existing one) and return it.
 
     `bench_dir` holds prepare.py, train.py and program.md (default: the bundled GPT benchmark).
@@ -112,7 +114,7 @@ def init_workspace(directory: Path | str, tag: str = "main", corpus: str = "stdl
             raise WorkspaceError(f"{root} has uncommitted changes; commit or stash them first")
     existed = root.exists()
     try:
-        return _create(root, src, tag, corpus, time_budget, overrides, wiring)
+        return _create(root, src, tag, corpus, time_budget, overrides, wiring, mcp_url)
     except BaseException:
         # A half-made workspace would block the next `init`: remove what this call created.
         if fresh:
@@ -152,18 +154,20 @@ def _write_id(root: Path, wid: str) -> None:
 
 
 def _create(root: Path, src: Path, tag: str, corpus: str, time_budget: Optional[float],
-            overrides: Optional[dict], wiring: str | Mapping[str, str] = "workspace") -> Workspace:
+            overrides: Optional[dict], wiring: str | Mapping[str, str] = "workspace",
+            mcp_url: Optional[str] = None) -> Workspace:
     root.mkdir(parents=True, exist_ok=True)
     wid, state = create_state_dir(root)
     try:
-        return _create_in(root, state, wid, src, tag, corpus, time_budget, overrides, wiring)
+        return _create_in(root, state, wid, src, tag, corpus, time_budget, overrides, wiring, mcp_url)
     except BaseException:
         shutil.rmtree(state, ignore_errors=True)
         raise
 
 
 def _create_in(root: Path, state: Path, wid: str, src: Path, tag: str, corpus: str, time_budget: Optional[float],
-               overrides: Optional[dict], wiring: str | Mapping[str, str] = "workspace") -> Workspace:
+               overrides: Optional[dict], wiring: str | Mapping[str, str] = "workspace",
+               mcp_url: Optional[str] = None) -> Workspace:
     for name in BENCH_FILES:
         shutil.copyfile(src / name, root / name)
 
@@ -182,7 +186,7 @@ def _create_in(root: Path, state: Path, wid: str, src: Path, tag: str, corpus: s
     _write(root / cfgmod.CONFIG_NAME, _config_header() + cfgmod.dump_config(cfg))
     _write(root / "AGENTS.md", agent_pointer("codex"))
     _write(root / "CLAUDE.md", agent_pointer("claude"))
-    for rel, text in client_configs(root, sys.executable, state, wiring, corpus).items():
+    for rel, text in client_configs(root, sys.executable, state, wiring, corpus, mcp_url).items():
         _write(root / rel, text)
     gitignore = root / ".gitignore"
     lines = gitignore.read_text().splitlines() if gitignore.exists() else []

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from urllib.parse import urlparse
 
 from mcp_server.cli.common import open_engine, usage_error
 
@@ -21,6 +22,13 @@ def init_args(sp) -> None:
                     help="how Claude Code / Codex reach loopwright: plugin (the installed plugin brings the server "
                          "and hooks; the workspace gets none), workspace (the workspace carries .mcp.json, hooks "
                          "and .codex/config.toml), auto (default: plugin for a client that has it installed)")
+    sp.add_argument("--agent-group", metavar="GROUP",
+                    help="the agent runs as another OS user in GROUP: the group may read the workspace and write "
+                         "only its editable files; the state stays this user's alone (README, Threat model). "
+                         "The workspace's clients then reach the MCP server at --mcp-url")
+    sp.add_argument("--mcp-url", metavar="URL", default=None,
+                    help="with --agent-group: where `loopwright serve --http` (run as this user) listens "
+                         "(default http://127.0.0.1:8765/mcp)")
 
 
 def init(args) -> int:
@@ -42,9 +50,20 @@ def init(args) -> int:
 
     wiring = resolve_wiring(args.wiring)
     existing = (target / CONFIG_NAME).is_file()
+    if args.agent_group:
+        from mcp_server.loop.deploy import DeployError, group_id
+
+        try:
+            group_id(args.agent_group)    # before anything is made
+        except DeployError as e:
+            return usage_error("init", str(e))
+    elif args.mcp_url:
+        return usage_error("init", "--mcp-url goes with --agent-group (a server run by another user); without it "
+                                   "the clients start the server themselves")
+    mcp_url = (args.mcp_url or "http://127.0.0.1:8765/mcp") if args.agent_group else None
     try:
         ws = init_workspace(args.dir, tag=args.tag, corpus=args.corpus, time_budget=args.time_budget,
-                            force=args.force, wiring=wiring)
+                            force=args.force, wiring=wiring, mcp_url=mcp_url)
     except OSError as e:   # a directory that cannot be made or written (permissions, a file in the path)
         where = f" ({e.filename})" if e.filename else ""
         return usage_error("init", f"cannot create the workspace in {target}: {e.strerror or e}{where}; choose a "
@@ -57,6 +76,14 @@ def init(args) -> int:
                         f"loopwright/{others[-1]}` goes back to one)" if others else ""))
         return 0
     print(f"workspace ready: {ws.root} (campaign '{args.tag}', branch loopwright/{args.tag})")
+    if args.agent_group:
+        from mcp_server.loop.deploy import share_with_group
+
+        for line in share_with_group(ws.root, args.agent_group, ws.cfg.paths.editable):
+            print(f"shared: {line}")
+        print(f"the state ({ws.state_dir}) stays this user's alone; the agent's clients reach the loop at {mcp_url}: "
+              f"keep `loopwright serve --http --port {urlparse(mcp_url).port or 8765} --workspace {ws.root}` running "
+              "as this user (README, Threat model)")
     names = (("claude", "Claude Code"), ("codex", "Codex"))
     print("wiring: " + ", ".join(f"{name} via " + ("its plugin" if wiring[c] == "plugin" else "the workspace's files")
                                  for c, name in names) + " (`loopwright wiring` checks it)")
