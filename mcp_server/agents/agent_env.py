@@ -87,8 +87,9 @@ def _codex_env_keys(base: Mapping[str, str]) -> set[str]:
 
 
 def _client_names(agent: str, base: Mapping[str, str]) -> tuple[tuple[str, ...], tuple[str, ...], set[str]]:
-    prefixes, knobs, names = _CLIENT.get(agent, ((), (), set()))   # the built-in agent: none
-    names = set(names)
+    whole, knobs, exact = _CLIENT.get(agent, ((), (), set()))   # the built-in agent: none
+    prefixes: tuple[str, ...] = tuple(whole)
+    names = set(exact)
     if agent == "claude":
         if base.get("CLAUDE_CODE_USE_BEDROCK"):
             prefixes += ("AWS_",)

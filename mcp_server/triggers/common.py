@@ -49,7 +49,10 @@ def record_failure(root: Path | str, agent: str, trigger: str, detail: str, erro
     ws = Workspace.open(root)
     sinks = sinks_for(ws.cfg)
     with ws.ledger() as ledger:
-        ledger.add_event(ledger.campaign()["id"], "launch_failed",
+        campaign = ledger.campaign()
+        if campaign is None:
+            return
+        ledger.add_event(campaign["id"], "launch_failed",
                          {"agent": agent, "trigger": trigger, "detail": detail, "error": error}, sinks)
     if sinks:
         try:
