@@ -571,3 +571,47 @@ def test_a_webhook_launch_passes_no_connector_secret(env_ws):
     (s,) = _sessions(root)
     assert s["trigger"] == "webhook" and s["exit_code"] == 0, s
     _check_dumps(out, s["id"])
+
+
+def test_the_launcher_delivers_during_the_session_with_tokens_the_session_never_sees(tmp_path, small_corpus,
+                                                                                      monkeypatch):
+    """The session's environment has no connector token, so its MCP server cannot post; the launcher
+    (which has it) runs delivery passes while the client runs: an event recorded mid-session is
+    delivered before the client exits."""
+    from mcp_server.loop import settings as setmod
+
+    from conftest import make_workspace
+    from fakes.fake_slack import FakeSlack
+
+    token = "xoxb-courier-token"
+    out = tmp_path / "seen.txt"
+    exe = tmp_path / "claude"
+    exe.write_text(f"""#!{sys.executable}
+import json, os, time
+from mcp_server.loop.workspace import Workspace
+ws = Workspace.open(os.environ["LOOPWRIGHT_WORKSPACE"])
+with ws.ledger() as led:
+    eid = led.add_event(led.campaign()["id"], "plateau", {{"experiments_since_keep": 9}}, ["slack"])
+state = "pending"
+for _ in range(3000):                     # bounded by polls; the launcher's pass comes every 0.1 s
+    with ws.ledger() as led:
+        if any(d["event_id"] == eid and d["status"] == "delivered" for d in led.deliveries()):
+            state = "delivered"
+            break
+    time.sleep(0.05)
+open({str(out)!r}, "w").write(state + " token-seen=" + str("SLACK_BOT_TOKEN" in os.environ))
+print(json.dumps({{"type": "result", "subtype": "success", "num_turns": 1, "total_cost_usd": 0}}))
+""")
+    exe.chmod(0o755)
+    with FakeSlack(token) as slack:
+        ws = make_workspace(tmp_path / "ws", small_corpus)
+        s = setmod.load(ws.settings_path)
+        for key, value in (("slack.channel", "C0RESEARCH"), ("slack.base_url", slack.api_url)):
+            s = setmod.set_value(s, key, value)
+        setmod.save(ws.settings_path, s)
+        for k, v in {"SLACK_BOT_TOKEN": token, "LOOPWRIGHT_CLAUDE_BIN": str(exe),
+                     "LOOPWRIGHT_DELIVER_EVERY_S": "0.1"}.items():
+            monkeypatch.setenv(k, v)
+        launch_session(ws.root, "claude", trigger="manual", max_session_minutes=5)
+        assert out.read_text() == "delivered token-seen=False"
+        assert any("Plateau" in m.get("text", "") for m in slack.messages), slack.messages

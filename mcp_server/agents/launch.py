@@ -490,6 +490,8 @@ def launch_session(root: Path | str, agent: str, trigger: str = "manual", detail
     run: Optional[_Run] = None
     error: Optional[str] = None
     reraise: Optional[BaseException] = None
+    sinks = sinks_for(ws.cfg)
+    courier = _Courier(ws.root) if sinks else None   # the tokens stay here: the session's server has none
     try:
         run = run_client(argv, ws.root, env, limit_s, log_dir, parser, redact)
     except _Interrupted as e:
@@ -498,6 +500,9 @@ def launch_session(root: Path | str, agent: str, trigger: str = "manual", detail
         error = f"could not start {argv[0]}: {e}"
     except BaseException as e:  # noqa: BLE001 - recorded below, then re-raised
         error, reraise = f"{type(e).__name__}: {e}", e
+    finally:
+        if courier is not None:
+            courier.stop()
     if agent in ("claude", "codex") and run is not None and not run.interrupted:
         from mcp_server.agents import clients
 
@@ -507,7 +512,6 @@ def launch_session(root: Path | str, agent: str, trigger: str = "manual", detail
         if not clients.hooks_ran_since(ws.root, started_at):
             start_detail["hooks_never_ran"] = True
             print(f"loopwright launch: session {sid}: {clients.HOOKS_NEVER_RAN}", file=sys.stderr)
-    sinks = sinks_for(ws.cfg)
     with ws.ledger() as ledger:
         _record_end(ledger, sid, campaign["id"], agent, trigger, start_detail, parser.outcome(), run, error,
                     (log_dir.relative_to(ws.root) if log_dir.is_relative_to(ws.root) else log_dir), redact, sinks)
@@ -549,6 +553,29 @@ def _record_end(ledger, sid: int, campaign_id: int, agent: str, trigger: str, st
     payload = {"agent": agent, "trigger": trigger, "exit_code": exit_code, "cost_usd": outcome.cost_usd,
                "turns": outcome.turns, "experiments": experiments, "kept": kept}
     ledger.add_event(campaign_id, "session_end", payload, sinks)
+
+
+class _Courier:
+    """Delivery passes every LOOPWRIGHT_DELIVER_EVERY_S seconds (default 60) while a session runs: the
+    launcher holds the connector tokens (the session's environment has none), so keeps and approval
+    requests reach Slack / Jira during the session, not only after it."""
+
+    def __init__(self, root: Path):
+        try:
+            every = float(os.environ.get("LOOPWRIGHT_DELIVER_EVERY_S") or 60)
+        except ValueError:
+            every = 60.0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._loop, args=(root, max(every, 0.05)), daemon=True)
+        self._thread.start()
+
+    def _loop(self, root: Path, every: float) -> None:
+        while not self._done.wait(every):
+            _deliver(root)
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join(timeout=60)
 
 
 def _deliver(root: Path) -> None:
