@@ -237,3 +237,129 @@ def test_sigterm_stops_the_daemon_cleanly(tmp_path):
     assert proc.returncode == 0, out
     assert time.monotonic() - t0 < 5                       # did not wait out the poll interval
     assert list(json.loads(state.read_text()).values())[0]["outcome"] == "initialized"
+
+
+# -- the installed entry, run as cron runs it ---------------------------------------------------------
+
+TOKEN = "xoxb-cron-test-token"
+
+
+def _cron_ws(tmp_path, small_corpus, slack_url):
+    from mcp_server.loop import settings as setmod
+    from mcp_server.triggers.cron import STATE_NAME
+
+    from conftest import make_workspace
+
+    ws = make_workspace(tmp_path / "ws", small_corpus)
+    s = setmod.load(ws.settings_path)
+    for key, value in (("schedule.0.cron", "* * * * *"), ("schedule.0.agent", "claude"),
+                       ("schedule.0.max_session_minutes", "3"), ("slack.channel", "C0RESEARCH"),
+                       ("slack.base_url", slack_url)):
+        s = setmod.set_value(s, key, value)
+    setmod.save(ws.settings_path, s)
+    # the scheduler has seen this schedule before: the newest minute is due on the next tick
+    (ws.state_dir / STATE_NAME).write_text(json.dumps({"* * * * *|UTC|claude": {
+        "last_fire": datetime.fromtimestamp(time.time() - 300, UTC).isoformat(), "outcome": "started"}}))
+    return ws
+
+
+def _stand_in_claude(tmp_path) -> Path:
+    bin_dir = tmp_path / "client-bin"
+    bin_dir.mkdir()
+    exe = bin_dir / "claude"
+    exe.write_text(f"#!{sys.executable}\nimport json, os\n"
+                   f"json.dump(dict(os.environ), open({str(tmp_path / 'client-env.json')!r}, 'w'))\n"
+                   "print(json.dumps({'type': 'result', 'subtype': 'success', 'num_turns': 1, 'total_cost_usd': 0}))\n")
+    exe.chmod(0o755)
+    return bin_dir
+
+
+def _install(ws, tmp_path, path: str) -> tuple[str, str]:
+    """`loopwright cron --install` from a user's shell (with the token exported there), into a crontab file."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPWRIGHT_CLAUDE")}
+    env.update(PATH=path, LOOPWRIGHT_CRONTAB=str(tmp_path / "crontab"), SLACK_BOT_TOKEN=TOKEN,
+               PYTHONPATH=str(REPO))
+    r = subprocess.run([sys.executable, "-m", "mcp_server.cli", "cron", "--install", "-w", str(ws.root)],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    text = (tmp_path / "crontab").read_text()
+    assert TOKEN not in text                                   # secrets are never written
+    from mcp_server.triggers import crontab
+
+    line = crontab.entry(text, ws.root)
+    assert line is not None, text
+    return text, line
+
+
+def _as_cron(tmp_path, crontab_text: str, line: str) -> subprocess.CompletedProcess:
+    """What cron does with the entry: /bin/sh -c COMMAND with only cron's environment (env -i)."""
+    from mcp_server.triggers import crontab
+
+    (tmp_path / "crontab").write_text(crontab_text)
+    env = crontab.cron_environment(crontab_text)
+    assert set(env) <= {"HOME", "LOGNAME", "SHELL", "PATH", "SLACK_BOT_TOKEN"}
+    return subprocess.run(["/bin/sh", "-c", crontab.command_of(line)], env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def _cli(ws, *args, env_extra=None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), **(env_extra or {})}
+    return subprocess.run([sys.executable, "-m", "mcp_server.cli", *args, "-w", str(ws.root)], env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_an_installed_entry_runs_the_client_under_cron_and_reaches_slack(tmp_path, small_corpus):
+    from fakes.fake_slack import FakeSlack
+
+    bin_dir = _stand_in_claude(tmp_path)
+    with FakeSlack(TOKEN) as slack:
+        ws = _cron_ws(tmp_path, small_corpus, slack.api_url)
+        text, line = _install(ws, tmp_path, f"{bin_dir}:{os.environ['PATH']}")
+        assert f"PATH={bin_dir}:" in line and "LOOPWRIGHT_HOME=" in line
+        # the person gives the job its token in the crontab's environment; loopwright wrote none
+        text = f"SLACK_BOT_TOKEN={TOKEN}\n" + text
+        r = _as_cron(tmp_path, text, line)
+        assert r.returncode == 0, r.stdout + r.stderr
+        log = (ws.root / ".loopwright" / "cron.log").read_text()
+        assert "started" in log and "Traceback" not in log, log
+        with ws.ledger() as led:
+            (s,) = led.sessions()
+        assert (s["agent"], s["trigger"], s["exit_code"]) == ("claude", "cron", 0)
+        assert any("Session ended (claude, cron)" in m.get("text", "") for m in slack.messages), slack.messages
+        assert "SLACK_BOT_TOKEN" not in json.loads((tmp_path / "client-env.json").read_text())
+        doctor = _cli(ws, "doctor", "--as-cron", env_extra={"LOOPWRIGHT_CRONTAB": str(tmp_path / "crontab")})
+        assert doctor.returncode == 0 and "works under cron's environment" in doctor.stdout, doctor.stdout
+
+
+def test_an_entry_whose_client_is_missing_fails_loudly(tmp_path, small_corpus):
+    from fakes.fake_slack import FakeSlack
+
+    with FakeSlack(TOKEN) as slack:
+        ws = _cron_ws(tmp_path, small_corpus, slack.api_url)
+        text, line = _install(ws, tmp_path, "/usr/local/bin:/usr/bin:/bin")     # a PATH without claude
+        text = f"SLACK_BOT_TOKEN={TOKEN}\n" + text
+        crontab_env = {"LOOPWRIGHT_CRONTAB": str(tmp_path / "crontab")}
+        (tmp_path / "crontab").write_text(text)
+        doctor = _cli(ws, "doctor", "--as-cron", env_extra=crontab_env)
+        assert doctor.returncode == 1 and "`claude` is not on PATH" in doctor.stdout, doctor.stdout
+        r = _as_cron(tmp_path, text, line)
+        assert r.returncode != 0
+        log = (ws.root / ".loopwright" / "cron.log").read_text()
+        assert "`claude` is not on PATH" in log and "Traceback" not in log, log
+        status = _cli(ws, "status")
+        assert "cron session FAILED TO START" in status.stdout and "not on PATH" in status.stdout, status.stdout
+        assert any("Session could not start (claude, cron)" in m.get("text", "") for m in slack.messages)
+
+
+def test_a_cron_run_without_a_configured_connectors_token_fails_loudly(tmp_path, small_corpus):
+    bin_dir = _stand_in_claude(tmp_path)
+    ws = _cron_ws(tmp_path, small_corpus, "http://127.0.0.1:9/api/")
+    text, line = _install(ws, tmp_path, f"{bin_dir}:{os.environ['PATH']}")
+    r = _as_cron(tmp_path, text, line)                          # no token in cron's environment
+    assert r.returncode != 0
+    assert not (tmp_path / "client-env.json").exists()          # no session ran without its connector
+    status = _cli(ws, "status")
+    assert "FAILED TO START" in status.stdout and "SLACK_BOT_TOKEN" in status.stdout, status.stdout
+    with ws.ledger() as led:
+        (ev,) = led.events(kind="launch_failed")
+        assert [d["status"] for d in led.deliveries() if d["event_id"] == ev["id"]] == ["pending"]

@@ -309,6 +309,57 @@ def test_deny_reason_says_what_to_do_instead(ws):
     assert "hidden test split" in d.reason and "val_bpb" in d.reason
 
 
+# --------------------------------------------------------------------------- G1: decisions and settings are the person's
+
+def _g1_cases(ws: Path, tmp: Path) -> list[tuple[str, str]]:
+    home = guard_policy.loop_state_home()
+    (tmp / "agent_script.py").write_text("from mcp_server.loop import decisions\ndecisions.decide(1, 'approve')\n")
+    (tmp / "lw-entry").write_text("#!/usr/bin/python3\nimport sys\nfrom mcp_server.cli.main import main\nsys.exit(main())\n")
+    return [
+        ("import-decisions", 'python3 -c "from mcp_server.loop import decisions; decisions.decide(1)"'),
+        ("import-approvals", "python -c 'import mcp_server.loop.approvals as a; a.approve(1)'"),
+        ("importlib", "python3 -c \"import importlib; importlib.import_module('mcp_server.loop.decisions')\""),
+        ("exec-open-source", "python3 -c \"exec(open('/opt/lw/mcp_server/loop/decisions.py').read())\""),
+        ("cli-main-in-code", "python3 -c \"from mcp_server.cli.main import main; main(['approve', '1'])\""),
+        ("heredoc", "python3 - <<'EOF'\nfrom mcp_server.loop import decisions\nEOF"),
+        ("script-file", f"python3 {tmp}/agent_script.py"),
+        ("python-m-cli", "python3 -m mcp_server.cli approve 1"),
+        ("python-m-cli-main", "python3 -m mcp_server.cli.main approve 1"),
+        ("python-m-runpy", "python3 -m runpy mcp_server.cli approve 1"),
+        ("cli-approve", "loopwright approve 1"),
+        ("cli-by-path", "/opt/venv/bin/loopwright reject 1 --why x"),
+        ("cli-via-env-bash", "env bash -c 'loopwright approve 1'"),
+        ("cli-dynamic-path", "$(which loopwright) approve 1"),
+        ("python-runs-entry-dynamic", 'python3 "$(command -v loopwright)" approve 1'),
+        ("python-runs-entry-file", f"python3 {tmp}/lw-entry approve 1"),
+        ("cli-config", "loopwright config set budget.max_experiments 999"),
+        ("subprocess-cli", "python3 -c \"import subprocess; subprocess.run(['loopwright', 'approve', '1'])\""),
+        ("subprocess-cli-config", "python3 -c \"import os; os.system('/usr/bin/loopwright config set x 1')\""),
+        ("write-state-home-shell", f"echo '[budget]' > {home}/settings.toml"),
+        ("write-state-home-python", f"python3 -c \"open('{home}/x/settings.toml', 'w').write('')\""),
+        ("state-home-by-env", "python3 -c \"import os; open(os.environ['LOOPWRIGHT_HOME'] + '/s', 'w')\""),
+        ("state-dir-in-workspace", "python3 -c \"open('.loopwright/state.db', 'w')\""),
+    ]
+
+
+@pytest.mark.parametrize("index", range(len(_g1_cases(Path("/x"), Path("/tmp")))),
+                         ids=[c[0] for c in _g1_cases(Path("/x"), Path("/tmp"))])
+def test_the_agent_cannot_decide_approvals_or_change_settings(ws, tmp_path, index):
+    """G1: the README says the guard refuses approvals to the agent; loopwright's own code imported from
+    a script passed it. Each way in to decisions, approvals, settings or the state is refused."""
+    name, cmd = _g1_cases(ws, tmp_path)[index]
+    d = decide(payload("claude", ws, "Bash", {"command": cmd}))
+    assert not d.allow, f"{name} passed the hook"
+    assert any(w in d.reason for w in ("MCP tools", "person", "loop's own state")), d.reason
+
+
+def test_g1_refusals_leave_ordinary_commands_alone(ws):
+    for cmd in ("loopwright status", "loopwright budget", "python3 -c 'print(\"stop\")'", "echo config; ls",
+                "cat loopwright.toml", "python train.py", "tail .loopwright/runs/1/train.log"):
+        d = decide(payload("claude", ws, "Bash", {"command": cmd}))
+        assert d.allow, f"{cmd}: {d.reason}"
+
+
 # --------------------------------------------------------------------------- what a hook cannot see
 
 def test_computed_path_is_not_caught_by_the_hook(ws):

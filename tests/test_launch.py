@@ -274,8 +274,8 @@ def test_cron_fire_runs_a_claude_session(tmp_path, small_corpus, monkeypatch):
     assert result["subtype"] == "success" and result["permission_denials"] == []
     assert result["total_cost_usd"] > 0          # computed by claude from the fake's token counts
     _check_recorded(root, "claude", turns=result["num_turns"], cost=result["total_cost_usd"], experiments=0)
-    # the secret the agent printed is masked in every record loopwright keeps
-    assert "token=***" in json.dumps(events)
+    # a secret of the launcher's environment never reaches the agent (an allow-list), nor any record
+    assert "token=***" not in json.dumps(events) and "token=" in json.dumps(events)
     assert _tree_contains(root / ".loopwright", SECRET.encode()) == []
 
 
@@ -446,3 +446,172 @@ def test_builtin_session_runs_the_proposer(tmp_path, small_corpus):
     assert s["turns"] == 1 and s["cost_usd"] == 0
     assert _session_end_events(root)[-1]["payload"]["experiments"] == 1
     assert (root / json.loads(s["detail"])["log"] / "events.jsonl").is_file()   # its output, kept
+
+
+# --------------------------------------------------------------------------- the session's environment
+
+CONNECTOR_SECRETS = {"SLACK_BOT_TOKEN": "xoxb-connector-token-1", "JIRA_API_TOKEN": "jira-connector-token-2",
+                     "JIRA_EMAIL": "approver@example.com", "SLACK_SIGNING_SECRET": "slack-signing-3",
+                     "LOOPWRIGHT_JIRA_SECRET": "jira-signing-4", "LOOPWRIGHT_WEBHOOK_SECRET": "hook-secret",
+                     "LOOPWRIGHT_GITHUB_SECRET": "gh-signing-5", "GITHUB_TOKEN": "ghp_other-service-6",
+                     "DB_PASSWORD": "hunter2-other-7", "LOOPWRIGHT_EXTRA_TOKEN": "lw-named-token-8",
+                     "AWS_SECRET_ACCESS_KEY": "aws-not-bedrock-9"}
+CLIENT_NEEDS = {"ANTHROPIC_API_KEY": "sk-ant-client-own-key", "ANTHROPIC_BASE_URL": "http://127.0.0.1:9",
+                "CLAUDE_CONFIG_DIR": "/tmp/claude-config", "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8",
+                "HTTPS_PROXY": "http://proxy.invalid:3128", "SSL_CERT_FILE": "/etc/ssl/certs/ca.pem",
+                "LOOPWRIGHT_STOP_MAX_IDLE_BLOCKS": "3", "TERM": "xterm"}
+
+
+def test_agent_environment_is_an_allow_list():
+    from types import SimpleNamespace
+
+    from mcp_server.agents.agent_env import agent_environment
+
+    base = {"PATH": "/usr/bin", "HOME": "/home/u", **CONNECTOR_SECRETS, **CLIENT_NEEDS,
+            "OPENAI_API_KEY": "sk-openai", "MY_JIRA_PAT": "renamed-connector-token", "RANDOM_VAR": "x",
+            "LOOPWRIGHT_CLIENT_ENV": "RANDOM_VAR,MY_JIRA_PAT,SLACK_BOT_TOKEN"}
+    cfg = SimpleNamespace(jira=SimpleNamespace(token_env="MY_JIRA_PAT", email_env="JIRA_EMAIL"), slack=None,
+                          webhook=None)
+    claude = agent_environment("claude", base, cfg)
+    assert not set(claude) & (set(CONNECTOR_SECRETS) | {"MY_JIRA_PAT", "OPENAI_API_KEY"}), claude
+    assert {k: claude[k] for k in CLIENT_NEEDS} == CLIENT_NEEDS and claude["PATH"] == "/usr/bin"
+    assert claude["RANDOM_VAR"] == "x"                       # listed by the person; connector names never
+    codex = agent_environment("codex", base, cfg)
+    assert codex["OPENAI_API_KEY"] == "sk-openai" and "ANTHROPIC_API_KEY" not in codex
+    builtin = agent_environment("builtin", base, cfg)
+    assert "ANTHROPIC_API_KEY" not in builtin and "OPENAI_API_KEY" not in builtin and builtin["HOME"] == "/home/u"
+    bedrock = agent_environment("claude", {**base, "CLAUDE_CODE_USE_BEDROCK": "1"}, cfg)
+    assert bedrock["AWS_SECRET_ACCESS_KEY"] == "aws-not-bedrock-9"   # Claude's own credential on Bedrock
+
+
+def test_codex_gets_the_key_its_model_provider_names(tmp_path):
+    from mcp_server.agents.agent_env import agent_environment
+
+    (tmp_path / "config.toml").write_text('[model_providers.corp]\nname = "corp"\nenv_key = "CORP_LLM_KEY"\n')
+    env = agent_environment("codex", {"CODEX_HOME": str(tmp_path), "CORP_LLM_KEY": "k", "SLACK_BOT_TOKEN": "t"})
+    assert env == {"CODEX_HOME": str(tmp_path), "CORP_LLM_KEY": "k"}
+
+
+def _stand_in_client(tmp_path: Path) -> tuple[Path, Path]:
+    """A `claude` that dumps its environment and that of a child it starts (as its MCP server and hooks
+    are), then reports a result the way claude -p does."""
+    out = tmp_path / "dumps"
+    out.mkdir()
+    exe = tmp_path / "bin" / "claude"
+    exe.parent.mkdir()
+    exe.write_text(f"""#!{sys.executable}
+import json, os, subprocess, sys
+out = {str(out)!r}
+sid = os.environ.get("LOOPWRIGHT_SESSION_ID", "x")
+json.dump(dict(os.environ), open(os.path.join(out, sid + "-client.json"), "w"))
+subprocess.run([sys.executable, "-c", "import json, os, sys; json.dump(dict(os.environ), open(sys.argv[1], 'w'))",
+                os.path.join(out, sid + "-child.json")], check=True)
+print(json.dumps({{"type": "result", "subtype": "success", "num_turns": 1, "total_cost_usd": 0.0}}))
+""")
+    exe.chmod(0o755)
+    return exe, out
+
+
+def _check_dumps(out: Path, sid: int) -> dict:
+    client = json.loads((out / f"{sid}-client.json").read_text())
+    child = json.loads((out / f"{sid}-child.json").read_text())
+    for env in (client, child):
+        leaked = {k for k, v in env.items() if v in CONNECTOR_SECRETS.values()} | (set(env) & set(CONNECTOR_SECRETS))
+        assert not leaked, leaked
+        assert {k: env.get(k) for k in CLIENT_NEEDS} == CLIENT_NEEDS       # what the client needs still comes
+        assert env["LOOPWRIGHT_SESSION_ID"] == str(sid) and env["LOOPWRIGHT_HOME"] and env["PATH"]
+    return client
+
+
+@pytest.fixture
+def env_ws(tmp_path, small_corpus, monkeypatch):
+    from conftest import make_workspace
+
+    ws = make_workspace(tmp_path / "ws", small_corpus)
+    exe, out = _stand_in_client(tmp_path)
+    for k, v in {**CONNECTOR_SECRETS, **CLIENT_NEEDS, "LOOPWRIGHT_CLAUDE_BIN": str(exe)}.items():
+        monkeypatch.setenv(k, v)
+    return ws.root, out
+
+
+def test_a_cli_launch_passes_no_connector_secret_to_the_client_or_its_children(env_ws):
+    import os
+
+    root, out = env_ws
+    r = subprocess.run([sys.executable, "-m", "mcp_server.cli", "launch", "--agent", "claude", "-w", str(root)],
+                       env=dict(os.environ), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (s,) = _sessions(root)
+    _check_dumps(out, s["id"])
+
+
+def test_a_cron_launch_passes_no_connector_secret(env_ws):
+    root, out = env_ws
+    _fire_cron(root, "claude")
+    (s,) = _sessions(root)
+    assert s["exit_code"] == 0
+    _check_dumps(out, s["id"])
+
+
+def test_a_webhook_launch_passes_no_connector_secret(env_ws):
+    import time as _time
+
+    from starlette.testclient import TestClient
+
+    from mcp_server.triggers.webhook import create_app, generic_signature
+
+    root, out = env_ws
+    app = create_app(root)
+    ts, body = str(int(_time.time())), b"{}"
+    r = TestClient(app).post("/hook", content=body, headers={
+        "X-Loopwright-Timestamp": ts, "X-Loopwright-Delivery": "env-1",
+        "X-Loopwright-Signature": generic_signature(CONNECTOR_SECRETS["LOOPWRIGHT_WEBHOOK_SECRET"], ts, body)})
+    assert r.status_code == 202, r.text
+    assert app.state.runner.wait(120)
+    (s,) = _sessions(root)
+    assert s["trigger"] == "webhook" and s["exit_code"] == 0, s
+    _check_dumps(out, s["id"])
+
+
+def test_the_launcher_delivers_during_the_session_with_tokens_the_session_never_sees(tmp_path, small_corpus,
+                                                                                      monkeypatch):
+    """The session's environment has no connector token, so its MCP server cannot post; the launcher
+    (which has it) runs delivery passes while the client runs: an event recorded mid-session is
+    delivered before the client exits."""
+    from mcp_server.loop import settings as setmod
+
+    from conftest import make_workspace
+    from fakes.fake_slack import FakeSlack
+
+    token = "xoxb-courier-token"
+    out = tmp_path / "seen.txt"
+    exe = tmp_path / "claude"
+    exe.write_text(f"""#!{sys.executable}
+import json, os, time
+from mcp_server.loop.workspace import Workspace
+ws = Workspace.open(os.environ["LOOPWRIGHT_WORKSPACE"])
+with ws.ledger() as led:
+    eid = led.add_event(led.campaign()["id"], "plateau", {{"experiments_since_keep": 9}}, ["slack"])
+state = "pending"
+for _ in range(3000):                     # bounded by polls; the launcher's pass comes every 0.1 s
+    with ws.ledger() as led:
+        if any(d["event_id"] == eid and d["status"] == "delivered" for d in led.deliveries()):
+            state = "delivered"
+            break
+    time.sleep(0.05)
+open({str(out)!r}, "w").write(state + " token-seen=" + str("SLACK_BOT_TOKEN" in os.environ))
+print(json.dumps({{"type": "result", "subtype": "success", "num_turns": 1, "total_cost_usd": 0}}))
+""")
+    exe.chmod(0o755)
+    with FakeSlack(token) as slack:
+        ws = make_workspace(tmp_path / "ws", small_corpus)
+        s = setmod.load(ws.settings_path)
+        for key, value in (("slack.channel", "C0RESEARCH"), ("slack.base_url", slack.api_url)):
+            s = setmod.set_value(s, key, value)
+        setmod.save(ws.settings_path, s)
+        for k, v in {"SLACK_BOT_TOKEN": token, "LOOPWRIGHT_CLAUDE_BIN": str(exe),
+                     "LOOPWRIGHT_DELIVER_EVERY_S": "0.1"}.items():
+            monkeypatch.setenv(k, v)
+        launch_session(ws.root, "claude", trigger="manual", max_session_minutes=5)
+        assert out.read_text() == "delivered token-seen=False"
+        assert any("Plateau" in m.get("text", "") for m in slack.messages), slack.messages

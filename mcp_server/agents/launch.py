@@ -46,13 +46,13 @@ and tool calls). Built-in agent: cost 0, turns = experiments it ran.
 Environment knobs: LOOPWRIGHT_CLAUDE_BIN / LOOPWRIGHT_CODEX_BIN (default: PATH),
 LOOPWRIGHT_CLAUDE_ARGS / LOOPWRIGHT_CODEX_ARGS (extra flags, shell-quoted, e.g. "--model
 sonnet"), LOOPWRIGHT_CODEX_PRICE. The client's own settings (API keys, ANTHROPIC_BASE_URL,
-CODEX_HOME) come from the environment as usual and are never written anywhere.
+CODEX_HOME) come from the environment as usual and are never written anywhere. The session's
+environment is an allow-list (agents/agent_env.py): no connector token or signing secret reaches it.
 """
 from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import shutil
 import subprocess
@@ -63,6 +63,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+from mcp_server.agents.agent_env import SECRET_NAME
 from mcp_server.common.facts import MCP_SERVER, MCP_TOOLS
 from mcp_server.common.procs import kill_group
 
@@ -91,7 +92,6 @@ OUTER_PROMPT = (
     "then at most one mechanism_propose(name, code, rationale) of a small advise(history, source) module that "
     "targets the stall, and mechanism_activate it if it validated (fix and propose again if it was rejected). "
     "A mechanism that does not help is reverted automatically after its trial window. Then stop.")
-_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH|COOKIE", re.I)
 _AGENT_ITEMS = ("agent_message", "mcp_tool_call", "file_change", "command_execution", "web_search",
                 "todo_list", "collab_tool_call")
 
@@ -107,7 +107,7 @@ class Redactor:
     PASSWORD, ...) in text before it is written anywhere."""
 
     def __init__(self, env: dict[str, str]):
-        values = {v for k, v in env.items() if _SECRET_NAME.search(k) and v and len(v) >= 6}
+        values = {v for k, v in env.items() if SECRET_NAME.search(k) and v and len(v) >= 6}
         self._values = sorted(values, key=len, reverse=True)
 
     def __call__(self, text: str) -> str:
@@ -419,8 +419,13 @@ def _session_counts(ledger, campaign_id: int, since: float) -> tuple[int, int]:
     return ledger.counts_since(campaign_id, since)
 
 
-def client_env(session_id: int, root: Path, base: Optional[dict[str, str]] = None) -> dict[str, str]:
-    env = dict(os.environ if base is None else base)
+def client_env(session_id: int, root: Path, base: Optional[dict[str, str]] = None, agent: str = "claude",
+               cfg: Any = None) -> dict[str, str]:
+    """The session's environment: the allow-list of agents/agent_env.py (no connector token or signing
+    secret reaches the client, its shell, its MCP server or its hooks) plus the launcher's settings."""
+    from mcp_server.agents.agent_env import agent_environment
+
+    env = agent_environment(agent, os.environ if base is None else base, cfg)
     env.setdefault("CLAUDE_CODE_STOP_HOOK_BLOCK_CAP", "0")
     env["MCP_CONNECTION_NONBLOCKING"] = "false"
     env.setdefault("MCP_CONNECT_TIMEOUT_MS", "60000")   # how long that wait may take (claude's default: 5 s)
@@ -461,9 +466,9 @@ def launch_session(root: Path | str, agent: str, trigger: str = "manual", detail
                               f"directory's settings.toml, edits of loopwright.toml are ignored), clear a "
                               f"stop request with `loopwright stop --clear`, or start a new campaign "
                               f"(`loopwright init {ws.root} --tag NEW`).")
-        env = client_env(0, ws.root)
-        for name in (ws.cfg.webhook.slack_signing_secret_env, ws.cfg.webhook.jira_secret_env):
-            env.pop(name, None)   # with these the agent could sign its own approval (loop/approvals.py)
+        # an allow-list: with a connector token or a signing secret the agent could post or sign its
+        # own approval (loop/approvals.py)
+        env = client_env(0, ws.root, agent=agent, cfg=ws.cfg)
         prompt = prompt or (OUTER_PROMPT if level == "outer" else DEFAULT_PROMPT)
         if agent == "claude" and level == "outer":
             argv = claude_outer_argv(find_client("claude", env), ws.root, ws.state_dir, prompt,
@@ -491,12 +496,14 @@ def launch_session(root: Path | str, agent: str, trigger: str = "manual", detail
 
     env["LOOPWRIGHT_SESSION_ID"] = str(sid)
     env["LOOPWRIGHT_SESSION_LEVEL"] = level   # the guard's Stop hook does not hold an outer session to the budget
-    redact = Redactor(env)
+    redact = Redactor({**os.environ, **env})   # the launcher's secrets too: the client could still print one
     log_dir = ws.state_dir / SESSIONS_DIR / f"{sid:05d}-{agent}"
     log_dir.mkdir(parents=True, exist_ok=True)
     run: Optional[_Run] = None
     error: Optional[str] = None
     reraise: Optional[BaseException] = None
+    sinks = sinks_for(ws.cfg)
+    courier = _Courier(ws.root) if sinks else None   # the tokens stay here: the session's server has none
     try:
         run = run_client(argv, ws.root, env, limit_s, log_dir, parser, redact)
     except _Interrupted as e:
@@ -505,6 +512,9 @@ def launch_session(root: Path | str, agent: str, trigger: str = "manual", detail
         error = f"could not start {argv[0]}: {e}"
     except BaseException as e:  # noqa: BLE001 - recorded below, then re-raised
         error, reraise = f"{type(e).__name__}: {e}", e
+    finally:
+        if courier is not None:
+            courier.stop()
     if agent in ("claude", "codex") and run is not None and not run.interrupted:
         from mcp_server.agents import clients
 
@@ -514,7 +524,6 @@ def launch_session(root: Path | str, agent: str, trigger: str = "manual", detail
         if not clients.hooks_ran_since(ws.root, started_at):
             start_detail["hooks_never_ran"] = True
             print(f"loopwright launch: session {sid}: {clients.HOOKS_NEVER_RAN}", file=sys.stderr)
-    sinks = sinks_for(ws.cfg)
     with ws.ledger() as ledger:
         _record_end(ledger, sid, campaign["id"], agent, trigger, start_detail, parser.outcome(), run, error,
                     (log_dir.relative_to(ws.root) if log_dir.is_relative_to(ws.root) else log_dir), redact, sinks)
@@ -556,6 +565,29 @@ def _record_end(ledger, sid: int, campaign_id: int, agent: str, trigger: str, st
     payload = {"agent": agent, "trigger": trigger, "exit_code": exit_code, "cost_usd": outcome.cost_usd,
                "turns": outcome.turns, "experiments": experiments, "kept": kept}
     ledger.add_event(campaign_id, "session_end", payload, sinks)
+
+
+class _Courier:
+    """Delivery passes every LOOPWRIGHT_DELIVER_EVERY_S seconds (default 60) while a session runs: the
+    launcher holds the connector tokens (the session's environment has none), so keeps and approval
+    requests reach Slack / Jira during the session, not only after it."""
+
+    def __init__(self, root: Path):
+        try:
+            every = float(os.environ.get("LOOPWRIGHT_DELIVER_EVERY_S") or 60)
+        except ValueError:
+            every = 60.0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._loop, args=(root, max(every, 0.05)), daemon=True)
+        self._thread.start()
+
+    def _loop(self, root: Path, every: float) -> None:
+        while not self._done.wait(every):
+            _deliver(root)
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join(timeout=60)
 
 
 def _deliver(root: Path) -> None:

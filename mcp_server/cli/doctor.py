@@ -215,8 +215,8 @@ def _unattended_checks(root: Optional[Path]) -> list[Check]:
             nxt = croniter(sched.cron, datetime.now(ZoneInfo(sched.timezone))).get_next(datetime)
             out.append(Check(True, f"schedule '{sched.cron}' ({sched.timezone}): {sched.agent} session, next at "
                                    f"{nxt:%Y-%m-%d %H:%M %Z}",
-                             hint="runs only while `loopwright cron` runs (`loopwright cron --install` prints a "
-                                  "crontab line and a systemd timer)"))
+                             hint="runs only while `loopwright cron` runs (`loopwright cron --install` installs a "
+                                  "crontab entry; `loopwright doctor --as-cron` checks it under cron's environment)"))
         except Exception as e:  # noqa: BLE001
             out.append(Check(False, f"schedule '{sched.cron}': {e}", "`loopwright config edit` to fix it"))
     return out
@@ -233,6 +233,50 @@ def _state_dir(root: Optional[Path]) -> Optional[Path]:
         return None
 
 
+def cron_checks(root: Path) -> list[Check]:
+    """The installed crontab entry of this workspace, run as cron would run it (env -i with cron's
+    defaults and the crontab's NAME=value lines) with `cron --check` in place of `cron --once`."""
+    from mcp_server.triggers import crontab
+
+    try:
+        text = crontab.read()
+    except crontab.CrontabError as e:
+        return [Check(False, f"crontab: {e}", "install cron, or use the systemd timer of `loopwright cron --print`")]
+    line = crontab.entry(text, root)
+    if line is None:
+        return [Check(False, f"no loopwright crontab entry for {root}", "run `loopwright cron --install` from the "
+                      "shell whose PATH finds the client")]
+    command = crontab.command_of(line)
+    if " cron --once" not in command:
+        return [Check(False, f"the crontab entry for {root} does not run `cron --once`: {line}",
+                      "run `loopwright cron --install` again")]
+    check_cmd = command.replace(" cron --once", " cron --check", 1).split(" >> ", 1)[0]
+    env = crontab.cron_environment(text)
+    try:
+        r = subprocess.run(["/bin/sh", "-c", check_cmd], env=env, capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        return [Check(False, "the cron entry's check did not finish in 120 s", "run it by hand to see why")]
+    out = (r.stdout + r.stderr).strip()
+    if r.returncode == 0:
+        return [Check(True, f"crontab entry for {root} works under cron's environment ({out.splitlines()[-1]})")]
+    problems = [ln[2:] for ln in out.splitlines() if ln.startswith("✘ ")] or [out[-600:] or f"exit {r.returncode}"]
+    return [Check(False, f"under cron's environment: {p}",
+                  "fix it for the job (`loopwright cron --install` again from a shell that finds the client; "
+                  "tokens go into the environment cron gives the job, never written by loopwright)")
+            for p in problems]
+
+
+def run_cron_doctor(workspace: Optional[str]) -> int:
+    from mcp_server.loop.workspace import Workspace, WorkspaceError
+
+    try:
+        root = Workspace.find(workspace).root
+    except WorkspaceError as e:
+        print(f"✘ workspace: {e}\n    fix: pass --workspace DIR")
+        return 1
+    return _print_checks(cron_checks(root))
+
+
 def run_doctor(workspace: Optional[str], skip_server: bool = False) -> int:
     checks, root = _workspace_checks(workspace)
     checks += _hook_checks(root, _state_dir(root))
@@ -245,6 +289,10 @@ def run_doctor(workspace: Optional[str], skip_server: bool = False) -> int:
     if not skip_server:
         checks += _server_check(root)
     checks += _client_checks()
+    return _print_checks(checks)
+
+
+def _print_checks(checks: list[Check]) -> int:
     bad = 0
     for c in checks:
         print(f"{'✔' if c.ok else '✘'} {c.what}")

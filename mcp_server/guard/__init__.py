@@ -28,6 +28,10 @@ Decisions worth knowing:
 - Scripts (python -c, heredocs, files run by an interpreter) are refused when they name
   the state dir or the hidden split at all, or name another protected file and contain a
   way to write (open(..., 'w'), unlink, shutil, ...). train.py itself is not inspected.
+- loopwright's own code is the person's: the loopwright CLI other than status/budget/doctor
+  (by any path, or a run-time command name given approve/reject/config/...), python -m
+  mcp_server... (and runpy of it), and scripts naming mcp_server, a person's loopwright
+  command, or the state home (LOOPWRIGHT_HOME, XDG_DATA_HOME, its path) are refused.
 - git: read-only subcommands pass; anything that moves refs, changes the index or the
   config is refused (the loop owns git); `git checkout/restore -- train.py` is allowed.
 - Stop: blocks while loop_status says budget remains. `stop_hook_active` alone does not

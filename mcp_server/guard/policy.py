@@ -128,6 +128,14 @@ _WRITE_TOKENS = re.compile(r"""
     | ['"]\s*\+?(?:>>?|\|)                                  # perl/ruby open modes '>' '>>' '+<' '|'
     """, re.VERBOSE)
 _AWK_WRITE_TOKENS = re.compile(r">|\||\bsystem\b")
+# loopwright's own code: the agent's scripts never import or run it (decisions, approvals, settings
+# belong to the person running the loop; the agent has the MCP tools)
+_LOOPWRIGHT_CODE = re.compile(r"mcp_server", re.IGNORECASE)
+# the loopwright CLI named in code (not `.loopwright/`, `loopwright.toml`) together with a person's command
+_CLI_NAME = re.compile(r"(?<![\w.-])loopwright(?![\w.-])", re.IGNORECASE)
+HUMAN_COMMANDS = ("approve", "reject", "config", "stop", "init", "launch", "cron", "webhook", "notify")
+_HUMAN_WORD = re.compile(r"\b(?:" + "|".join(HUMAN_COMMANDS) + r")\b")
+_STATE_HOME_NAMES = re.compile(r"LOOPWRIGHT_HOME|XDG_DATA_HOME|share/loopwright")
 _PRIVATE_NAMES = re.compile(r"state\.db|eval\.json|reports", re.IGNORECASE)
 
 
@@ -343,6 +351,16 @@ class Policy:
         hidden = self.hidden_mention(text)
         if hidden:
             return hidden
+        if _LOOPWRIGHT_CODE.search(text):
+            return ("this code imports or runs loopwright's own code (mcp_server): decisions on waiting changes, "
+                    "approvals and the loop's settings belong to the person running the loop. Use the MCP tools "
+                    "(state_read, run_experiment, score, revert, budget_check, note, suggest_next).")
+        cli = _CLI_NAME.search(text) and _HUMAN_WORD.search(text)
+        if cli:
+            return (f"this code runs `loopwright {cli.group(0)}`, a command for the person running the loop "
+                    "(approvals, settings, sessions). Use the MCP tools instead.")
+        if _STATE_HOME_NAMES.search(text) or any(h in text for h in self.state_home):
+            return self._reason("statehome", STATE_HOME_REL)
         if self.mentions_state_dir(text) and (any_state_reference or _PRIVATE_NAMES.search(text)):
             return (f"this code refers to {self.state_dir}/, the loop's own state (ledger, runs, data, the "
                     f"hidden test split); scripts may not open it. Use the state_read tool; a training log "

@@ -37,7 +37,7 @@ _sdk_log.setLevel(logging.INFO)
 
 KINDS = frozenset({"keep", "crash_streak", "tamper", "plateau", "budget_spent", "session_end",
                    "campaign_start", "campaign_end", "approval_requested", "approval_decided",
-                   "mechanism_activated", "mechanism_kept", "mechanism_reverted"})
+                   "mechanism_activated", "mechanism_kept", "mechanism_reverted", "launch_failed"})
 METADATA_TYPE = "loopwright_event"
 # errors that every later message would hit too: stop the pass instead of burning their attempts
 SINK_WIDE_ERRORS = {"invalid_auth", "not_authed", "token_revoked", "token_expired", "account_inactive",
@@ -118,6 +118,9 @@ def render(kind: str, p: dict, tag: str) -> tuple[str, list[dict]]:
         body = (f"exit {_esc(p.get('exit_code', '?'))} · cost ${num(p.get('cost_usd'), '.2f')} · "
                 f"{_esc(p.get('turns', '?'))} turns · {_esc(p.get('experiments', '?'))} experiments · "
                 f"{_esc(p.get('kept', '?'))} kept")
+    elif kind == "launch_failed":
+        title = f"Session could not start ({p.get('agent', '?')}, {p.get('trigger', '?')}) · {tag}"
+        body = f":x: {_esc(p.get('error') or 'unknown error')}"
     elif kind in ("mechanism_activated", "mechanism_kept", "mechanism_reverted"):
         verb = {"mechanism_activated": "on trial", "mechanism_kept": "kept",
                 "mechanism_reverted": "reverted"}[kind]

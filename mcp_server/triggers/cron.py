@@ -159,7 +159,10 @@ class Scheduler:
             try:
                 self.start_session(s, detail)
             except Exception as e:
-                log.exception("session for schedule %r failed", s.cron)
+                if type(e).__name__ == "LaunchError":   # a refusal that says what to do: one line, no traceback
+                    log.error("schedule %r: no session started: %s", s.cron, e)
+                else:
+                    log.exception("session for schedule %r failed", s.cron)
                 self._record(key, newest, "failed")
                 return TickResult(key, "failed", newest, f"{type(e).__name__}: {e}")
         return TickResult(key, "started", newest, detail)
@@ -215,16 +218,36 @@ def serve_forever(root: Path | str) -> int:
     return 0
 
 
+def check(root: Path | str, env: Optional[Mapping[str, str]] = None) -> list[str]:
+    """`loopwright cron --check`: what would make a tick's session fail in this environment (the
+    schedules' clients on PATH, connector tokens); [] when nothing would."""
+    from mcp_server.loop.workspace import Workspace
+    from mcp_server.triggers.common import preflight
+
+    ws = Workspace.open(root)
+    if not ws.cfg.schedule:
+        return ["no [[schedule]] entries in the loop's settings: a tick never starts anything "
+                "(`loopwright config set schedule.0.cron \"0 1 * * *\"`)"]
+    return preflight(ws.root, [s.agent for s in ws.cfg.schedule], env)
+
+
 # Where the state directory is found (workspace.state_home): a tick run without them looks elsewhere and fails.
 STATE_ENV = ("LOOPWRIGHT_HOME", "XDG_DATA_HOME")
+# What else a tick needs from the installing shell (cron gives only PATH=/usr/bin:/bin, HOME, LOGNAME,
+# SHELL): where the clients are and where they keep their settings. Names only of non-secrets:
+# tokens and API keys are never written into a crontab or unit.
+CARRIED_ENV = ("PATH", "PYTHONPATH", "LOOPWRIGHT_CLAUDE_BIN", "LOOPWRIGHT_CODEX_BIN", "CLAUDE_CONFIG_DIR",
+               "CODEX_HOME", "LANG")
 
 
 def install_lines(workspace: Path | str, python: str, env: Optional[Mapping[str, str]] = None) -> dict[str, str]:
     """Text for running `loopwright cron --once` every minute from system cron or a systemd timer
     (the schedules themselves stay in the settings). Keys: crontab, service, timer. The STATE_ENV
-    variables set in `env` (default: this process's environment) are carried into both, as absolute paths."""
+    variables set in `env` (default: this process's environment) are carried into both, as absolute
+    paths, and so are the CARRIED_ENV ones, as they are."""
     env = os.environ if env is None else env
     carried = {k: str(Path(env[k]).expanduser().resolve()) for k in STATE_ENV if env.get(k)}
+    carried.update({k: env[k] for k in CARRIED_ENV if env.get(k)})
     ws, py = Path(workspace).resolve(), shlex.quote(python)
     cmd = f"{py} -m mcp_server.cli cron --once"   # run in the workspace: the CLI finds it from the cwd
     log_path = shlex.quote(str(ws / ".loopwright" / "cron.log"))

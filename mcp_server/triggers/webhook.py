@@ -431,7 +431,7 @@ def default_preflight(root: Path | str, cfg) -> Callable[[], Optional[str]]:
         agent = cfg.webhook.agent
         if agent in ("claude", "codex"):
             try:
-                find_client(agent, client_env(0, Path(root)))
+                find_client(agent, client_env(0, Path(root), agent=agent, cfg=cfg))
             except LaunchError as e:
                 return str(e)
         eng = Engine(Path(root), recover=False)

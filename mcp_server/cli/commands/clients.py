@@ -19,11 +19,16 @@ def guard(args) -> int:
 
 def doctor_args(sp) -> None:
     sp.add_argument("--skip-server", action="store_true", help="do not start the MCP server")
+    sp.add_argument("--as-cron", action="store_true",
+                    help="check the installed crontab entry under cron's environment (env -i with only what cron "
+                         "and the crontab set): the clients, the state home, the connector tokens")
 
 
 def doctor(args) -> int:
-    from mcp_server.cli.doctor import run_doctor
+    from mcp_server.cli.doctor import run_cron_doctor, run_doctor
 
+    if args.as_cron:
+        return run_cron_doctor(args.workspace)
     return run_doctor(args.workspace, skip_server=args.skip_server)
 
 

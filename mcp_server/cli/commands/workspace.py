@@ -124,12 +124,32 @@ def status(args) -> int:
                                          for r in rows]}, indent=2))
             return 0
         _print_status(s, b, rows)
+        failed = _last_launch_failure(eng)
+        if failed:
+            print(failed)
         _print_executor(ex)
         if waiting:
             print("waiting for a person (`loopwright approve ID`, `loopwright reject ID --why ...`):")
             for line in waiting:
                 print(f"  {line}")
         return 0
+
+
+def _last_launch_failure(eng) -> str:
+    """The newest unattended session that could not start, unless a session started after it."""
+    import time
+
+    fails = eng.ledger.events(campaign_id=eng.campaign["id"], kind="launch_failed")
+    if not fails:
+        return ""
+    last = fails[-1]
+    started = [x["started_at"] for x in eng.ledger.sessions()]
+    if started and max(started) > last["created_at"]:
+        return ""
+    p = last["payload"]
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(last["created_at"]))
+    return (f"last {p.get('trigger', '?')} session FAILED TO START at {when} ({p.get('agent', '?')}): "
+            f"{p.get('error', '?')}")
 
 
 def _print_status(s, b, rows) -> None:

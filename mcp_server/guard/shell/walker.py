@@ -9,6 +9,7 @@ import shlex
 from itertools import islice
 from typing import Optional
 
+from mcp_server.guard.policy import HUMAN_COMMANDS
 from mcp_server.guard.shell.args import (
     _ASSIGN,
     _GLOB_CHARS,
@@ -396,7 +397,9 @@ class ShellGuard:
         return None
 
     def _dynamic_command(self, args: list):
-        # `$CMD prepare.py`: we cannot know what runs, so refuse if it names a protected path.
+        # `$CMD prepare.py`: we cannot know what runs, so refuse if it names a protected path
+        # or reads as a person's loopwright command (`$(which loopwright) approve 3`).
+        _human_words(args[0], args[1:])
         for a in args[1:]:
             for path in self._concrete(a):
                 problem = self.policy.write_problem(path, self.cwd)
@@ -416,6 +419,9 @@ class ShellGuard:
             module = _vals(opts, "-m")
             if module and module[0].text.split(".")[0] == "mcp_server":
                 _loopwright_cli(module[0].text, pos)
+            elif any("mcp_server" in a.text for a in pos):      # python -m runpy mcp_server.cli ...
+                raise Denied(f"python -m {module[0].text if module else ''} is given loopwright's own code "
+                             "(mcp_server); use the loopwright MCP tools instead")
             return
         if not pos or pos[0].text == "-":
             self.code_on_stdin(stdin, "python", "python")
@@ -425,6 +431,7 @@ class ShellGuard:
     def _script_file(self, path_arg: Arg, rest: list, lang: str, stdin: Optional[str] = None):
         """An interpreter running a file: look inside it unless it is the editable file."""
         if path_arg.kind != "static":
+            _human_words(path_arg, rest)          # python "$(which loopwright)" approve 3
             return
         if path_arg.text in _STDIN_PATHS:
             text = stdin
@@ -444,6 +451,14 @@ class ShellGuard:
 
 
 # --------------------------------------------------------------------------- helpers
+
+def _human_words(head: Arg, rest: list):
+    """A program known only at run time, given a person's loopwright subcommand as its first word."""
+    words = [a.text for a in rest if a.kind == "static" and not a.text.startswith("-")]
+    if words and words[0] in HUMAN_COMMANDS:
+        raise Denied(f"{head.shown!r} is not known before it runs and its arguments read as `loopwright "
+                     f"{words[0]}`, a command for the person running the loop; use the MCP tools instead")
+
 
 def _initial_vars(cwd: str) -> dict:
     return {"HOME": os.path.expanduser("~"), "PWD": cwd, "TMPDIR": os.environ.get("TMPDIR", "/tmp"),
