@@ -280,6 +280,24 @@ def test_notify_workspace_with_the_reports_plot(fake, tmp_path, monkeypatch, sma
     assert f["data"].startswith(b"\x89PNG") and f["thread_ts"] == fake.messages[1]["ts"]
 
 
+def test_background_passes_say_why_nothing_goes_out(tmp_path, small_corpus, monkeypatch, caplog):
+    """Issue 24 item 6: the MCP server's passes sent nothing for a whole session and said so at debug."""
+    from mcp_server.mcp.server import _deliver_events
+    from mcp_server.notify.outbox import deliver_in_background
+
+    from conftest import make_workspace
+
+    monkeypatch.delenv("SLACK_BOT_TOKEN", raising=False)
+    monkeypatch.delenv("SLACK_WEBHOOK_URL", raising=False)
+    ws = make_workspace(tmp_path / "ws", small_corpus, slack={"channel": "C0RESEARCH"})
+    caplog.set_level(logging.WARNING)
+    deliver_in_background(ws.root).join(60)
+    assert "SLACK_BOT_TOKEN" in caplog.text and str(ws.root) in caplog.text
+    caplog.clear()
+    _deliver_events(tmp_path / "not-a-workspace")
+    assert "could not start event delivery" in caplog.text and "not-a-workspace" in caplog.text
+
+
 def test_plot_upload_without_files_write_still_delivers_the_message(fake, ledger, tmp_path):
     png = tmp_path / "p.png"
     png.write_bytes(b"png")

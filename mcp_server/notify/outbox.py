@@ -281,7 +281,7 @@ def deliver_in_background(root) -> Optional[threading.Thread]:
             log.warning("delivery pass failed: %s: %s", type(e).__name__, e, exc_info=True)
             return
         for note in report.notes:   # e.g. a token that is not set: nothing can go out until it is
-            _log_once(f"delivery: {note}")
+            _log_once(f"delivery for {ws.root}: {note}")
 
     thread = threading.Thread(target=deliver, name="loopwright-notify", daemon=True)
     thread.start()
