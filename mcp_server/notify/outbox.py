@@ -244,7 +244,8 @@ def notify_workspace(root=None, wait_s: float = 30.0) -> DeliveryReport:
 
     ws = Workspace.find(root)
     with ws.ledger() as ledger:
-        if ledger.has_due_deliveries(kind="keep"):
+        slack = ws.cfg.slack
+        if slack is not None and slack.upload_plot and ledger.has_due_deliveries(kind="keep"):
             try:
                 from mcp_server.report.writer import write_report
                 write_report(ws.root)
