@@ -34,9 +34,9 @@ def ledger(tmp_path):
     return led
 
 
-def sink_for(fake, ledger, token=TOKEN, **cfg):
+def sink_for(fake, ledger, token=TOKEN, timeout=0.5, **cfg):
     c = JiraConfig(server=fake.url, project="LW", auth="cloud" if fake.cloud else "token", **cfg)
-    return JiraSink(c, ledger, token=token, email=EMAIL if fake.cloud else None, timeout=0.5)
+    return JiraSink(c, ledger, token=token, email=EMAIL if fake.cloud else None, timeout=timeout)
 
 
 def drain(ledger, sink, passes=10):
@@ -154,6 +154,57 @@ def test_two_concurrent_passes_post_the_closing_comment_once(fake, ledger):
     assert len(comments) == 2 and sum("Campaign ended" in c for c in comments) == 1, comments
     assert "baseline 0.930000" in comments[-1]
     assert sum(r.delivered for r in reports) == 3
+
+
+def test_a_pass_started_while_another_creates_the_issue_creates_none(fake, ledger):
+    """Issue 24 item 1: under load two passes created two issues. Forced here: the first pass's
+    create is held in the air while a second pass runs to its end."""
+    import threading
+
+    ledger.add_event(ledger.cid, "campaign_start", {"tag": "main"}, sinks=["jira"])
+    ledger.add_event(ledger.cid, "keep", KEEP, sinks=["jira"])
+    ledger.add_event(ledger.cid, "campaign_end", {"best": 0.91, "baseline": 0.93}, sinks=["jira"])
+    release, arrived = threading.Event(), threading.Event()
+    fake.inject("POST issue", Fault(release=release, arrived=arrived))
+    first: list = []
+
+    def first_pass():
+        led = Ledger(ledger.path)
+        first.append(deliver_pending(led, None, [sink_for(fake, led, timeout=60)]))
+    t = threading.Thread(target=first_pass)
+    t.start()
+    try:
+        assert arrived.wait(60), "the first pass never tried to create the issue"
+        led = Ledger(ledger.path)                                   # a second process's pass, meanwhile
+        second = deliver_pending(led, None, [JiraSink(JiraConfig(server=fake.url, project="LW",
+                                                                  auth="cloud" if fake.cloud else "token"), led,
+                                                      token=TOKEN, email=EMAIL if fake.cloud else None)])
+        assert second.delivered == 0 and second.failed == 0 and len(fake.calls("POST issue")) == 1
+    finally:
+        release.set()
+        t.join(60)
+    [(key, issue)] = fake.issues.items()
+    assert first[0].delivered == 3 and issue["fields"]["status"]["name"] == "Done"
+    assert len(fake.comments(key)) == 2 and "Campaign ended" in fake.comments(key)[-1]
+
+
+def test_a_pass_that_died_mid_delivery_does_not_block_the_next(fake, ledger):
+    """A server killed mid-pass leaves its lease; the next pass (the launcher's) voids it at once."""
+    import subprocess
+    import sys
+
+    ledger.add_event(ledger.cid, "keep", KEEP, sinks=["jira"])
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    from mcp_server.notify.outbox import HOST
+    assert ledger.claim_delivery("jira", f"{HOST}:{dead}:1:abc", lease_s=3600) is not None
+    rep = deliver_pending(ledger, None, [sink_for(fake, ledger)])
+    assert rep.delivered == 1 and len(fake.issues) == 1
+
+
+def test_a_second_issue_key_never_replaces_the_first(ledger):
+    ledger.kv_setdefault("jira.issue.LW.1", "LW-1")
+    assert ledger.kv_setdefault("jira.issue.LW.1", "LW-2") == "LW-1"
 
 
 def test_agent_written_text_cannot_make_links_or_mentions_in_a_comment():

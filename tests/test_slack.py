@@ -79,10 +79,62 @@ def test_divergence_flag_and_long_header(fake, ledger):
     assert text == "New best val_bpb 0.9000 (-0.0500) · main"
 
 
-def test_no_plot_file_means_no_upload(fake, ledger, tmp_path):
+def test_a_keep_waits_for_its_plot_and_goes_with_it(fake, ledger, tmp_path):
+    """Issue 24 item 6: a pass that finds no plot must not post the keep bare and mark it done."""
+    png = tmp_path / "progress.png"
+    ledger.add_event(ledger.cid, "keep", {**KEEP, "plot_path": str(png)}, sinks=["slack"])
+    rep = deliver_pending(ledger, None, [sink_for(fake, ledger)])
+    assert rep.delivered == 0 and "waits for its plot" in rep.sinks["slack"].errors[0]
+    assert fake.requests == [] and ledger.deliveries("slack")[0]["status"] == "pending"
+    png.write_bytes(b"png")                                                # the report is written
+    assert drain(ledger, sink_for(fake, ledger), passes=2)[1].delivered == 1
+    [msg] = fake.messages
+    [f] = fake.shared_files()
+    assert f["thread_ts"] == msg["ts"] and f["data"] == b"png"
+
+
+def test_the_closing_messages_wait_for_the_keep_that_spent_the_budget(fake, ledger, tmp_path):
+    """Issue 24 item 6: Slack showed "budget spent" and "campaign ended" before the keep that caused them."""
+    png = tmp_path / "progress.png"
+    keep = ledger.add_event(ledger.cid, "keep", {**KEEP, "plot_path": str(png)}, sinks=["slack"])
+    ledger.add_event(ledger.cid, "budget_spent", {"reasons": ["max_experiments 3 reached"]}, sinks=["slack"])
+    ledger.add_event(ledger.cid, "campaign_end", {"best": 0.91, "baseline": 0.93}, sinks=["slack"])
+    other = ledger.create_campaign("next", "loopwright/next", "abc123")
+    ledger.add_event(other, "campaign_end", {}, sinks=["slack"])             # another campaign's: not held
+    rep = deliver_pending(ledger, None, [sink_for(fake, ledger)])
+    assert rep.delivered == 1 and [m["text"] for m in fake.messages] == ["Campaign next ended"]
+    png.write_bytes(b"png")
+    drain(ledger, sink_for(fake, ledger), passes=2)
+    assert [m["text"].split(" · ")[0] for m in fake.messages[1:]] == [
+        "New best val_bpb 0.9123 (-0.0042)", "Budget spent", "Campaign main ended"]
+    [f] = fake.shared_files()
+    assert f["thread_ts"] == fake.messages[1]["ts"]
+    assert ledger.deliveries("slack")[0]["event_id"] == keep and ledger.deliveries("slack")[0]["attempts"] == 2
+
+
+def test_a_plot_drawn_before_the_keep_is_not_its_plot(fake, ledger, tmp_path):
+    from mcp_server.notify.events import plot_marker_key
+
+    png = tmp_path / "progress.png"
+    png.write_bytes(b"old plot")
+    eid = ledger.add_event(ledger.cid, "keep", {**KEEP, "plot_path": str(png)}, sinks=["slack"])
+    ledger.kv_set(plot_marker_key(png), str(eid - 1))                     # the report drew up to the event before
+    assert deliver_pending(ledger, None, [sink_for(fake, ledger)]).delivered == 0 and fake.requests == []
+    png.write_bytes(b"new plot")
+    ledger.kv_set(plot_marker_key(png), str(eid))
+    assert drain(ledger, sink_for(fake, ledger), passes=2)[1].delivered == 1
+    assert [f["data"] for f in fake.shared_files()] == [b"new plot"]
+
+
+def test_a_plot_that_never_comes_is_said_not_hidden(fake, ledger, tmp_path, caplog):
+    from mcp_server.notify.slack import PLOT_WAIT_ATTEMPTS
+
     ledger.add_event(ledger.cid, "keep", {**KEEP, "plot_path": str(tmp_path / "missing.png")}, sinks=["slack"])
-    assert deliver_pending(ledger, None, [sink_for(fake, ledger)]).delivered == 1
-    assert [fake.route(r) for r in fake.requests] == ["chat.postMessage"]
+    reports = drain(ledger, sink_for(fake, ledger), passes=PLOT_WAIT_ATTEMPTS)
+    assert [r.delivered for r in reports] == [0] * (PLOT_WAIT_ATTEMPTS - 1) + [1]
+    assert len(fake.messages) == 1 and fake.files == {}                    # after the wait: the message alone
+    assert ledger.deliveries("slack")[0]["external_ref"].endswith(":plot-missing")
+    assert "without its plot" in caplog.text
 
 
 def test_faults_everywhere_still_deliver_each_message_exactly_once(fake, ledger, tmp_path):
@@ -195,7 +247,7 @@ def test_unreachable_slack_is_recorded_not_raised(ledger):
 
 def test_missing_token_keeps_events_pending(fake, ledger):
     ledger.add_event(ledger.cid, "keep", KEEP, sinks=["slack"])
-    cfg = LoopwrightConfig(slack=SlackConfig(channel="C0RESEARCH", base_url=fake.api_url))
+    cfg = LoopwrightConfig(slack=SlackConfig(channel="C0RESEARCH", base_url=fake.api_url, upload_plot=False))
     rep = deliver_pending(ledger, cfg, env={})
     assert "SLACK_BOT_TOKEN" in rep.notes[0] and fake.requests == []
     rep = deliver_pending(ledger, cfg, env={"SLACK_BOT_TOKEN": TOKEN})
@@ -204,7 +256,8 @@ def test_missing_token_keeps_events_pending(fake, ledger):
 
 def test_notify_workspace_with_the_reports_plot(fake, tmp_path, monkeypatch, small_corpus):
     """`loopwright notify` end to end: settings from the state dir, the token from the environment; the
-    plot defaults to the workspace's .loopwright/reports/progress.png when the payload names none."""
+    plot defaults to the workspace's .loopwright/reports/progress.png when the payload names none, and the
+    pass draws it afresh before delivering a keep (issue 24 item 6: the launcher's pass did not)."""
     from mcp_server.loop import settings as setmod
     from mcp_server.notify.outbox import notify_workspace
 
@@ -216,13 +269,33 @@ def test_notify_workspace_with_the_reports_plot(fake, tmp_path, monkeypatch, sma
         s = setmod.set_value(s, key, value)
     setmod.save(ws.settings_path, s)
     ws.reports_dir.mkdir(parents=True, exist_ok=True)
-    (ws.reports_dir / "progress.png").write_bytes(b"report plot")
+    (ws.reports_dir / "progress.png").write_bytes(b"a stale plot")
     with ws.ledger() as led:
         led.add_event(led.campaign()["id"], "keep", KEEP, sinks=["slack"])
     monkeypatch.setenv("SLACK_BOT_TOKEN", TOKEN)
     rep = notify_workspace(ws.root)
     assert rep.delivered == 2, rep                            # campaign_start (from init) and the keep
-    assert len(fake.messages) == 2 and [f["data"] for f in fake.shared_files()] == [b"report plot"]
+    [f] = fake.shared_files()
+    assert len(fake.messages) == 2 and f["data"] == (ws.reports_dir / "progress.png").read_bytes()
+    assert f["data"].startswith(b"\x89PNG") and f["thread_ts"] == fake.messages[1]["ts"]
+
+
+def test_background_passes_say_why_nothing_goes_out(tmp_path, small_corpus, monkeypatch, caplog):
+    """Issue 24 item 6: the MCP server's passes sent nothing for a whole session and said so at debug."""
+    from mcp_server.mcp.server import _deliver_events
+    from mcp_server.notify.outbox import deliver_in_background
+
+    from conftest import make_workspace
+
+    monkeypatch.delenv("SLACK_BOT_TOKEN", raising=False)
+    monkeypatch.delenv("SLACK_WEBHOOK_URL", raising=False)
+    ws = make_workspace(tmp_path / "ws", small_corpus, slack={"channel": "C0RESEARCH"})
+    caplog.set_level(logging.WARNING)
+    deliver_in_background(ws.root).join(60)
+    assert "SLACK_BOT_TOKEN" in caplog.text and str(ws.root) in caplog.text
+    caplog.clear()
+    _deliver_events(tmp_path / "not-a-workspace")
+    assert "could not start event delivery" in caplog.text and "not-a-workspace" in caplog.text
 
 
 def test_plot_upload_without_files_write_still_delivers_the_message(fake, ledger, tmp_path):

@@ -702,11 +702,18 @@ class Ledger:
         with self.tx() as c:
             return c.execute(sql, args).rowcount
 
-    def has_due_deliveries(self, now: Optional[float] = None) -> bool:
-        """Is any (event, sink) delivery pending and due? Cheap: one index probe."""
+    def has_due_deliveries(self, now: Optional[float] = None, kind: Optional[str] = None) -> bool:
+        """Is any (event, sink) delivery (of `kind`) pending and due? Cheap: one index probe."""
         now = time.time() if now is None else now
-        return self.conn.execute("SELECT 1 FROM deliveries WHERE status='pending' AND next_attempt_at<=? "
-                                 "AND lease_until<=? LIMIT 1", (now, now)).fetchone() is not None
+        if kind is None:
+            return self.conn.execute("SELECT 1 FROM deliveries WHERE status='pending' AND next_attempt_at<=? "
+                                     "AND lease_until<=? LIMIT 1", (now, now)).fetchone() is not None
+        return self.conn.execute(
+            "SELECT 1 FROM deliveries d JOIN events e ON e.id=d.event_id WHERE d.status='pending' "
+            "AND d.next_attempt_at<=? AND e.kind=? LIMIT 1", (now, kind)).fetchone() is not None
+
+    def last_event_id(self) -> int:
+        return int(self.conn.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0])
 
     def due_deliveries(self, sink: str, now: Optional[float] = None, limit: int = 50) -> list[dict]:
         now = time.time() if now is None else now
@@ -722,16 +729,28 @@ class Ledger:
         return out
 
     def claim_delivery(self, sink: str, owner: str, now: Optional[float] = None, lease_s: float = 300.0,
-                       after_event_id: int = 0) -> Optional[dict]:
+                       after_event_id: int = 0, ordered_kinds: Iterable[str] = ()) -> Optional[dict]:
         """Claim the next due pending row of `sink` (event id > after_event_id) for `owner`, atomically:
-        no other pass can take it until the lease expires or the owner records an outcome."""
+        no other pass can take it until the lease expires or the owner records an outcome.
+
+        One row of a sink is in flight at a time: while another owner holds a live lease on one, nothing is
+        claimed, so two passes never work on the same campaign at once (one Jira issue, messages in event
+        order). A row of `ordered_kinds` (a campaign's closing events) also waits until every earlier row of
+        its campaign for this sink is settled: a keep is announced before the budget_spent it caused."""
         now = time.time() if now is None else now
+        kinds = list(ordered_kinds)
+        ordered = (f"AND NOT (e.kind IN ({','.join('?' * len(kinds))}) AND EXISTS (SELECT 1 FROM deliveries p "
+                   "JOIN events pe ON pe.id=p.event_id WHERE p.sink=d.sink AND p.status='pending' "
+                   "AND p.event_id<d.event_id AND pe.campaign_id IS e.campaign_id)) ") if kinds else ""
         with self.tx() as c:   # BEGIN IMMEDIATE: the select and the claim are one write transaction
             r = c.execute(
                 "SELECT d.*, e.kind, e.payload, e.campaign_id, e.created_at FROM deliveries d JOIN events e "
                 "ON e.id=d.event_id WHERE d.sink=? AND d.status='pending' AND d.next_attempt_at<=? "
-                "AND d.lease_until<=? AND d.event_id>? ORDER BY d.event_id LIMIT 1",
-                (sink, now, now, after_event_id)).fetchone()
+                "AND d.lease_until<=? AND d.event_id>? "
+                "AND NOT EXISTS (SELECT 1 FROM deliveries o WHERE o.sink=d.sink AND o.status='pending' "
+                "AND o.lease_until>? AND o.claimed_by IS NOT ?) " + ordered +
+                "ORDER BY d.event_id LIMIT 1",
+                (sink, now, now, after_event_id, now, owner, *kinds)).fetchone()
             if r is None:
                 return None
             c.execute("UPDATE deliveries SET claimed_by=?, lease_until=? WHERE event_id=? AND sink=?",
@@ -739,6 +758,19 @@ class Ledger:
         d = dict(r)
         d["payload"] = json.loads(d["payload"])
         return d
+
+    def delivery_leases(self, sink: str, now: Optional[float] = None) -> list[dict]:
+        """The live leases on `sink`'s pending rows: (event_id, claimed_by, lease_until)."""
+        now = time.time() if now is None else now
+        return [dict(r) for r in self.conn.execute(
+            "SELECT event_id, claimed_by, lease_until FROM deliveries WHERE sink=? AND status='pending' "
+            "AND lease_until>? ORDER BY event_id", (sink, now))]
+
+    def break_lease(self, event_id: int, sink: str, owner: str) -> bool:
+        """Void `owner`'s lease on a row (its process is gone); the row is due again, no attempt counted."""
+        with self.tx() as c:
+            return c.execute("UPDATE deliveries SET claimed_by=NULL, lease_until=0 WHERE event_id=? AND sink=? "
+                             "AND status='pending' AND claimed_by=?", (event_id, sink, owner)).rowcount == 1
 
     def release_delivery(self, event_id: int, sink: str, owner: str, next_attempt_at: float) -> bool:
         """Give a claimed row back without counting an attempt (e.g. its method is rate limited)."""
@@ -941,6 +973,16 @@ class Ledger:
         with self.tx() as c:
             c.execute("INSERT INTO kv(key, value) VALUES (?,?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
                       (key, value))
+
+    def kv_setdefault(self, key: str, value: str) -> str:
+        """Set `key` unless it is set; returns the value it holds now (the first writer's wins)."""
+        with self.tx() as c:
+            c.execute("INSERT OR IGNORE INTO kv(key, value) VALUES (?,?)", (key, value))
+            return c.execute("SELECT value FROM kv WHERE key=?", (key,)).fetchone()[0]
+
+    def kv_delete(self, key: str) -> None:
+        with self.tx() as c:
+            c.execute("DELETE FROM kv WHERE key=?", (key,))
 
     # -- the person's stop request (`loopwright stop`, a webhook): honoured at the next budget check
     def stop_request(self) -> Optional[str]:

@@ -467,7 +467,8 @@ class Engine:
                 res = self._run_candidate(c, description, hypothesis, on_progress, session_id)
             res.baseline = baseline
             res.reference_runs += len(refs)
-            self._record_if_budget_spent(c)
+            if res.status != "ok":   # an ok run waits for score(): the end is recorded after the keep it may make
+                self._record_if_budget_spent(c)
             return res
 
     def _measure_baseline(self, c: dict, seeds: list[int], set_index: int, on_progress,
@@ -980,12 +981,35 @@ class Engine:
                             mde=round(mde, 6), runs_per_experiment=noise.baseline_seeds,
                             next_experiment_runs=self.next_experiment_runs(c), next_step=nxt)
 
-    def request_stop(self, reason: str) -> None:
-        """Ask the loop to stop: the next budget check says should_stop, with this reason."""
+    def budget_check(self) -> BudgetResult:
+        """The agent's budget_check: budget(), and when it says stop the campaign's end is recorded (once),
+        e.g. after a stop request or a last run the agent never scored."""
+        b = self.budget()
+        if b.should_stop:
+            self.end_if_spent()
+        return b
+
+    def request_stop(self, reason: str) -> bool:
+        """Ask the loop to stop: the next budget check says should_stop, with this reason. With no run in
+        flight the campaign ends now (budget_spent and campaign_end are recorded: Slack says so, Jira closes
+        the issue); else the run's own end records them, after its result. True when they were recorded."""
         self.ledger.request_stop(reason)
+        return self.end_if_spent()
+
+    def end_if_spent(self) -> bool:
+        """Record the campaign's end (once) if the budget says stop and nothing is in flight whose result
+        would come after it. True when it is recorded (now or before)."""
+        c = self.campaign
+        if self.ledger.count_running(c["id"]) or self.ledger.submissions(c["id"], open_only=True):
+            return False
+        self._record_if_budget_spent(c)
+        return bool(self.ledger.kv_get(f"budget_spent_notified:{c['id']}"))
 
     def clear_stop_request(self) -> None:
         self.ledger.clear_stop_request()
+        c = self.campaign
+        if not self.budget(c).should_stop:   # the loop goes on: its next end is announced again
+            self.ledger.kv_delete(f"budget_spent_notified:{c['id']}")
 
     def recent_experiments(self, limit: int = 10) -> list[dict]:
         """The campaign's latest experiments, newest first."""

@@ -141,7 +141,7 @@ def build_server(workspace: Path | str, strict: bool = True) -> MCPServer:
     async def budget_check() -> BudgetResult:
         """Remaining runs, compute hours and agent cost; should_stop and why; the minimum detectable effect
         (mde) and keep bar at the current paired noise, so you know which changes are worth a run."""
-        return await in_thread(lambda e: e.budget())
+        return await in_thread(lambda e: e.budget_check())
 
     @server.tool(annotations=ToolAnnotations(title="Read the loop state", read_only_hint=True,
                                              open_world_hint=False))
@@ -193,8 +193,8 @@ def _deliver_events(root: Path) -> None:
     try:
         from mcp_server.notify.outbox import deliver_in_background
         deliver_in_background(root)
-    except Exception:  # noqa: BLE001 - delivery is retried by the outbox; never fail a tool call for it
-        log.debug("could not start event delivery", exc_info=True)
+    except Exception as e:  # noqa: BLE001 - delivery is retried by the outbox; never fail a tool call for it
+        log.warning("could not start event delivery: %s: %s", type(e).__name__, e, exc_info=True)
 
 
 def _session_id() -> Optional[int]:

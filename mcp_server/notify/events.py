@@ -1,6 +1,7 @@
 """What a sink receives and raises, shared by the outbox and the connectors (no imports of either)."""
 from __future__ import annotations
 
+import os
 import re
 import secrets
 from dataclasses import dataclass
@@ -62,3 +63,9 @@ def ledger_uid(ledger) -> str:
         uid = secrets.token_hex(6)
         ledger.kv_set("ledger_uid", uid)
     return uid
+
+
+def plot_marker_key(path) -> str:
+    """The ledger kv key naming the last event id the plot at `path` shows: the report writes it with the
+    plot, and a keep's Slack message waits until its plot shows it."""
+    return f"report.plot_through_event.{os.path.realpath(path)}"

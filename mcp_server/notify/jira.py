@@ -8,7 +8,9 @@ retries with backoff, so the loop is never held up.
 Each step is idempotent:
 - the campaign's issue key is kept in the ledger kv (`jira.issue.<project>.<campaign>`),
   so the issue is created once; an ambiguous create (a timeout) is resolved on
-  the retry by searching recent issues for the marker in the description;
+  the retry by searching recent issues for the marker in the description; two
+  passes never create at once (the outbox has one row per sink in flight), and
+  the first key recorded wins;
 - every comment ends with a marker naming the event, checked before a retry posts;
 - the transition is skipped when the issue is already in the target status.
 """
@@ -134,9 +136,15 @@ class JiraSink:
                       "description": (f"Research campaign {tag} run by loopwright (branch {row.get('branch', '?')}, "
                                       f"pinned commit {str(row.get('pinned_commit') or '?')[:12]}).\n"
                                       f"Kept improvements are added as comments.\n\n{marker}")}
-            key = self._client().create_issue(fields=fields, prefetch=False).key
-        self.ledger.kv_set(kv_key, key)
-        return key
+            created = self._client().create_issue(fields=fields, prefetch=False).key
+            # the first key recorded wins: should a second issue ever be made (a pass that outlived its
+            # lease), every later comment still goes to one issue
+            key = self.ledger.kv_setdefault(kv_key, created)
+            if key != created:
+                log.warning("Jira issue %s duplicates %s for campaign %s; comments go to %s (close %s)",
+                            created, key, event.campaign_id, key, created)
+            return key
+        return self.ledger.kv_setdefault(kv_key, key)
 
     def _find_issue(self, marker: str) -> Optional[str]:
         jql = f'project = "{self.cfg.project}" AND created >= -14d ORDER BY created DESC'

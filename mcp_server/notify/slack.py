@@ -27,7 +27,7 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.webhook import WebhookClient
 
 from mcp_server.notify import approval_blocks
-from mcp_server.notify.events import DeliveryError, Event, ledger_uid, redact
+from mcp_server.notify.events import DeliveryError, Event, ledger_uid, plot_marker_key, redact
 from mcp_server.notify.fmt import join, keep_deltas, num
 
 log = logging.getLogger("loopwright.notify.slack")
@@ -43,6 +43,9 @@ METADATA_TYPE = "loopwright_event"
 SINK_WIDE_ERRORS = {"invalid_auth", "not_authed", "token_revoked", "token_expired", "account_inactive",
                     "channel_not_found", "not_in_channel", "is_archived", "ratelimited"}
 HEADER_MAX = 150
+# A keep's message goes out with its plot: until the report has drawn the keep, the delivery fails and is
+# retried (backoff); after this many attempts it goes without the plot and its ref says why.
+PLOT_WAIT_ATTEMPTS = 3
 
 
 # -- rendering (pure functions of the payload) ---------------------------------
@@ -202,6 +205,10 @@ class SlackSink:
             ref = self._find_posted(event)          # the earlier attempt may have posted it
             if ref:
                 event.checkpoint(ref)
+        if not ref and self._wants_plot(event):
+            why = self._plot_missing(event)
+            if why and event.attempts + 1 < PLOT_WAIT_ATTEMPTS:
+                raise DeliveryError(f"the keep waits for its plot: {why}")
         if not ref:
             uid = f"{ledger_uid(self.ledger)}:{event.event_id}"
             resp = self._call("chat.postMessage", self.client.chat_postMessage, channel=self.cfg.channel,
@@ -236,14 +243,33 @@ class SlackSink:
     def _channel_key(self) -> str:
         return f"slack.channel_id.{self.cfg.channel}"
 
-    def _upload_plot(self, event: Event, ref: str) -> str:
+    def _plot_path(self, event: Event) -> str:
         # the payload names the plot; else the workspace report's plot (reports_dir, set by notify_workspace)
         reports = getattr(self, "reports_dir", None) or Path(self.ledger.path).parent / "reports"
-        path = event.payload.get("plot_path") or str(Path(reports) / "progress.png")
-        if (event.kind != "keep" or not self.cfg.upload_plot or ":file:" in ref or ":plot-failed" in ref
-                or not os.path.isfile(path)):
+        return event.payload.get("plot_path") or str(Path(reports) / "progress.png")
+
+    def _wants_plot(self, event: Event) -> bool:
+        return event.kind == "keep" and self.cfg.upload_plot and self.client is not None
+
+    def _plot_missing(self, event: Event) -> Optional[str]:
+        """Why the keep's plot cannot go out yet (None: it can): not written, or drawn before this keep."""
+        path = self._plot_path(event)
+        if not os.path.isfile(path):
+            return f"{path} is not written yet"
+        through = self.ledger.kv_get(plot_marker_key(path))   # None: not a report's plot (named by the payload)
+        if through is not None and (not through.isdigit() or int(through) < event.event_id):
+            return f"{path} was drawn before this keep (event {event.event_id})"
+        return None
+
+    def _upload_plot(self, event: Event, ref: str) -> str:
+        if not self._wants_plot(event) or ":file:" in ref or ":plot-" in ref:
             return ref
         channel, ts = ref.split(":")[:2]
+        why = self._plot_missing(event)
+        if why:   # waited PLOT_WAIT_ATTEMPTS attempts: the message is out, record why its plot is not
+            log.warning("keep event %s goes to Slack without its plot: %s", event.event_id, why)
+            return f"{channel}:{ts}:plot-missing"
+        path = self._plot_path(event)
         try:
             fid = self._upload_once(event, channel, ts, path, ref)
         except DeliveryError as e:

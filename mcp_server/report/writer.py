@@ -17,6 +17,7 @@ from typing import Optional
 
 from mcp_server.loop import verdict as verdictmod
 from mcp_server.loop.config import LoopwrightConfig
+from mcp_server.notify.events import plot_marker_key
 
 FAILED = ("crash", "timeout", "rejected")
 
@@ -415,6 +416,8 @@ def write_report(workspace: Path | str | None = None) -> ReportFiles:
     eng = Engine(workspace, recover=False)
     try:
         c = eng.campaign
+        # read before the rows: every event up to here (a keep) is in the plot drawn from them
+        through = eng.ledger.last_event_id()
         rows = eng.ledger.experiments(c["id"])
         # budget.check, not Engine.budget: a report must not record events (budget_spent) as a side effect
         status = budgetmod.check(eng.ledger, c["id"], eng.ws.cfg.budget, eng.best(c)[0])
@@ -430,6 +433,7 @@ def write_report(workspace: Path | str | None = None) -> ReportFiles:
         out = eng.ws.reports_dir
         out.mkdir(parents=True, exist_ok=True)
         plot = plot_progress(data, out / "progress.png")
+        eng.ledger.kv_set(plot_marker_key(out / "progress.png"), str(through))   # a keep's Slack upload waits on it
         md = out / "report.md"
         md.write_text(render_markdown(data), encoding="utf-8")
         tsv = out / "results.tsv"

@@ -2,8 +2,9 @@
 
 `LoopbackServer` is a threaded http.server on 127.0.0.1 (random port) that
 records every request and lets a test inject faults per endpoint: an HTTP status
-(429 with Retry-After, 5xx) or a stall (the request is *processed*, then the
-answer comes too late for the client's timeout: the worst, ambiguous case).
+(429 with Retry-After, 5xx), a stall (the request is *processed*, then the
+answer comes too late for the client's timeout: the worst, ambiguous case), or a
+hold (the request waits, unprocessed, until the test releases it).
 """
 from __future__ import annotations
 
@@ -23,6 +24,10 @@ class Fault:
     retry_after: Optional[int] = None
     stall_s: float = 0.0            # handle the request, then wait this long before answering
     body: Any = None
+    # hold the request before handling it until `release` is set (`arrived` is set when it comes): a test
+    # forces an interleaving, e.g. a second delivery pass runs while the first one's call is in the air
+    release: Optional[threading.Event] = None
+    arrived: Optional[threading.Event] = None
 
 
 @dataclass
@@ -106,6 +111,10 @@ class LoopbackServer:
             self.requests.append(req)
             queue = self._faults.get(self.route(req))
             fault = queue.popleft() if queue else None
+        if fault and fault.release is not None:
+            if fault.arrived is not None:
+                fault.arrived.set()
+            fault.release.wait(60)
         if fault and fault.status:
             headers = {"Retry-After": str(fault.retry_after)} if fault.retry_after is not None else {}
             resp = Response(fault.status, fault.body if fault.body is not None else {"error": "injected"}, headers)

@@ -100,7 +100,10 @@ def stop(args) -> int:
         if args.clear:
             eng.clear_stop_request()
             print("stop request cleared")
-        else:
-            eng.request_stop(args.reason)
-            print(f"stop requested: {args.reason} (clear with `loopwright stop --clear`)")
+            return 0
+        ended = eng.request_stop(args.reason)
+        print(f"stop requested: {args.reason} (clear with `loopwright stop --clear`)")
+        print("the campaign ended: budget_spent and campaign_end recorded for Slack/Jira" if ended else
+              "a run is in flight: the campaign ends when its result is recorded")
+    deliver_events(eng.ws.root)   # the end reaches Slack/Jira before the command exits (the outbox retries)
     return 0
