@@ -17,8 +17,9 @@ from pathlib import Path
 from urllib.parse import urlencode
 
 import pytest
+from test_approvals import set_setting
 
-from mcp_server.loop import gitops
+from mcp_server.loop import approvals, decisions, gitops
 from mcp_server.loop import settings as setmod
 from mcp_server.loop.engine import Engine
 from mcp_server.loop.workspace import Workspace
@@ -225,3 +226,74 @@ def test_an_approved_run_runs_the_approved_bytes(tmp_path, small_corpus, via):
     with Engine(root, recover=False) as eng:
         assert eng.ledger.approval(1)["status"] == "ran"
         assert eng.ledger.events(kind="tamper") == []
+
+
+# -- a mismatch between what was approved and what would run or be kept: refused, recorded ---------------
+def swapped_commit(root: Path, parent: str) -> str:
+    """A commit on `parent` whose train.py is the approved one with the marker line (not on any branch)."""
+    from mcp_server.loop.approvals import _commit_files
+
+    approved = gitops.blob_bytes(root, parent, "train.py")
+    return _commit_files(root, parent, {"train.py": MARKER_LINE + approved}, "forged")
+
+
+def overwrite_object(root: Path, commit: str, data: bytes) -> None:
+    """Rewrite the loose object of train.py's blob at `commit` with other bytes under the same name (git does
+    not re-hash on read: a same-user shell can do this to .git/objects)."""
+    import zlib
+
+    sha = gitops.repo(root).commit(commit).tree["train.py"].hexsha
+    obj = root / ".git" / "objects" / sha[:2] / sha[2:]
+    obj.chmod(0o644)
+    obj.write_bytes(zlib.compress(b"blob %d\0" % len(data) + data))
+
+
+@pytest.mark.parametrize("forgery", ["record", "object"])
+def test_an_approved_keep_whose_bytes_changed_is_refused_as_tamper(tmp_path, small_corpus, forgery):
+    from test_approvals import held_keep
+
+    ws = make_workspace(tmp_path / "ws", small_corpus)
+    set_setting(ws.root, "campaign.autonomy", "approve-keeps")
+    exp, _, best_before = held_keep(ws)
+    decisions.decide(ws.root, 1, True, "ana", "cli")
+    with Engine(ws.root) as eng:
+        if forgery == "record":      # the approval now names other bytes than were measured
+            eng.ledger.conn.execute("UPDATE approvals SET commit_sha=? WHERE id=1",
+                                    (swapped_commit(ws.root, exp["commit_sha"]),))
+            eng.ledger.conn.commit()
+        else:
+            overwrite_object(ws.root, exp["commit_sha"], MARKER_LINE + b"print('forged')\n")
+    [line] = decisions.apply_approved(ws.root)
+    assert line.startswith("#1: refused:") and "tamper event" in line, line
+    with Engine(ws.root) as eng:
+        c = eng.campaign
+        assert c["best_commit"] == best_before == gitops.head_sha(ws.root)
+        a = eng.ledger.approval(1)
+        assert a["status"] == "stale" and a["outcome"].startswith("refused before an approved keep")
+        assert eng.ledger.experiment(exp["id"])["verdict"] == "discard"
+        [ev] = eng.ledger.events(kind="tamper")
+        assert ev["payload"]["approval_id"] == 1 and ev["payload"]["when"] == "before an approved keep"
+
+
+def test_an_approved_run_whose_record_changed_is_refused_before_anything_runs(tmp_path, small_corpus):
+    ws = make_workspace(tmp_path / "ws", small_corpus)
+    set_setting(ws.root, "campaign.autonomy", "approve-runs")
+    train = ws.root / "train.py"
+    with Engine(ws.root) as eng:
+        record_baseline(eng)
+        set_constant(train, "LR", "0.004")
+        assert eng.run_experiment("normal learning rate").approval_id == 1
+        n = eng.ledger.count_experiments(eng.campaign["id"])
+        forged = swapped_commit(ws.root, eng.ledger.approval(1)["commit_sha"])
+    decisions.decide(ws.root, 1, True, "ana", "cli")
+    with Engine(ws.root) as eng:        # the approval now names other bytes than the person approved
+        eng.ledger.conn.execute("UPDATE approvals SET commit_sha=? WHERE id=1", (forged,))
+        eng.ledger.conn.commit()
+        with pytest.raises(approvals.Tampered, match="not what was approved.*tamper event"):
+            eng.run_experiment("approved: normal learning rate")
+        c = eng.campaign
+        assert eng.ledger.count_experiments(c["id"]) == n                   # nothing ran
+        assert gitops.head_sha(ws.root) == c["best_commit"]
+        assert eng.ledger.approval(1)["status"] == "stale"
+        [ev] = eng.ledger.events(kind="tamper")
+        assert ev["payload"]["when"] == "before an approved run" and ev["payload"]["commit"] == forged
