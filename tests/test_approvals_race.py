@@ -29,6 +29,7 @@ from conftest import hobbled_bench, make_workspace, record_baseline, set_constan
 SLACK_SECRET, JIRA_SECRET, ANA = "slack-signing-secret", "jira-secret", "U0ANA"
 MARKER = b"SWAPPED-CODE-RAN"
 VIAS = ("cli", "slack", "jira")
+MARKER_LINE = b"print('" + MARKER + b"', flush=True)\n"   # what the swapped-in train.py adds
 
 # Polls train.py every millisecond; each time it holds the trigger bytes, swaps in the payload (write to a
 # temporary file, then rename: the loop never reads a half-written file) and counts the swap.
@@ -67,10 +68,7 @@ class Swapper:
     def stop(self) -> int:
         self.proc.kill()
         self.proc.wait()
-        return int(self.count.read_text()) if self.count.is_file() else 0
-
-
-MARKER_LINE = b"print('" + MARKER + b"', flush=True)\n"
+        return int((self.count.read_text() if self.count.is_file() else "").strip() or 0)
 
 
 def tiny_workspace(tmp: Path, corpus: Path, autonomy: str) -> Path:
