@@ -19,6 +19,12 @@ its score): if the change sits on the current best, the best moves to it; if oth
 meanwhile, the change is carried onto the new best (three-way merge of the editable files) and
 re-measured there as a normal experiment, and only a keep verdict applies it (`stale` otherwise,
 `conflict` when the merge fails; nothing moves). An agent's uncommitted edit survives either way.
+
+Approvals bind to bytes, never to the working tree (which a process of the agent may rewrite at any
+moment): an approved run or a re-measure is a commit built from the approved blobs with a private index,
+the engine runs exactly that commit (`Approved`, passed explicitly), and before a keep or an approved
+run is applied the source hash of its committed files must equal the approved one; a mismatch is
+refused and recorded as a tamper event (`refuse_unbound`).
 """
 from __future__ import annotations
 
@@ -33,6 +39,7 @@ from pathlib import Path
 from typing import Optional
 
 from mcp_server.loop import gitops
+from mcp_server.loop.errors import LoopError
 from mcp_server.loop.workspace import sinks_for
 
 log = logging.getLogger("loopwright.approvals")
@@ -43,6 +50,22 @@ DECISIONS = ("approved", "rejected", "expired")
 
 class ApprovalError(RuntimeError):
     """A decision that cannot be made; the message says why and what to do."""
+
+
+class Tampered(LoopError):
+    """What is about to run or be kept is not what a person approved: refused, a tamper event recorded."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Approved:
+    """A person's approval as the engine gets it: an explicit argument, made only in a person's process
+    (loop/decisions.py) or from a person's decision in the ledger (before_run), never an attribute or
+    state the agent could set. `commit` is what runs, built from the approved blobs (never the working
+    tree); `source_sha` the source hash its editable files must have (Engine.source_sha)."""
+    approval_id: int
+    commit: str
+    source_sha: str
+    by: str
 
 
 def mode(ws) -> str:
@@ -61,9 +84,10 @@ _GIT_ENV = {"GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1", "GIT_N
 
 def _git(root: Path, *args: str, env: Optional[dict] = None, data: Optional[bytes] = None,
          check: bool = True) -> subprocess.CompletedProcess:
-    # no hooks, no fsmonitor, no user/system config: nothing the agent planted runs
+    # no hooks, no fsmonitor, no user/system config, no GIT_DIR/GIT_INDEX_FILE of the caller: nothing the
+    # agent planted runs, and a private index stays private
     return subprocess.run(["git", "-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false", *args],
-                          cwd=root, env={**os.environ, **_GIT_ENV, **(env or {})}, input=data,
+                          cwd=root, env={**gitops.safe_env(), **_GIT_ENV, **(env or {})}, input=data,
                           capture_output=True, check=check)
 
 
@@ -79,7 +103,8 @@ def _blob(root: Path, commit: str, rel: str) -> Optional[bytes]:
 
 
 def _commit_files(root: Path, parent: str, files: dict[str, Optional[bytes]], message: str) -> str:
-    """A commit with `parent` and the given editable files, made with a private index."""
+    """A commit with `parent` and the given editable files, made with a private index (never the working
+    tree or the agent's index)."""
     with tempfile.TemporaryDirectory() as td:
         env = {"GIT_INDEX_FILE": os.path.join(td, "index")}
         _git(root, "read-tree", parent, env=env)
@@ -157,21 +182,71 @@ def blocks_agent(ws, ledger, campaign_id: int) -> Optional[str]:
     return None
 
 
+# -- binding to bytes ------------------------------------------------------------------------------
+def refuse_unbound(eng, c: dict, approved: Approved, commit: str, when: str, recorded: Optional[str] = None) -> None:
+    """Raise Tampered (after recording a tamper event and settling the approval as refused) unless `commit`
+    is the approved commit and its editable files -- every git object re-hashed -- and the source hash
+    recorded for it (`recorded`) all equal the approved source hash."""
+    problems = []
+    if commit != approved.commit:
+        problems.append(f"commit {commit[:10]} is not the approved {approved.commit[:10]}")
+    try:
+        actual: Optional[str] = eng.source_sha(commit)
+    except gitops.GitError as e:
+        actual = None
+        problems.append(str(e))
+    if actual is not None and actual != approved.source_sha:
+        problems.append(f"its files hash to {actual[:12]}, not to the approved {approved.source_sha[:12]}")
+    if recorded is not None and recorded != approved.source_sha:
+        problems.append(f"its recorded source hash {recorded[:12]} is not the approved {approved.source_sha[:12]}")
+    if not problems:
+        return
+    detail = "; ".join(problems)
+    eng.ledger.add_event(c["id"], "tamper", {
+        "files": list(eng.ws.cfg.paths.editable), "when": when, "approval_id": approved.approval_id,
+        "commit": commit, "detail": detail, "action": ["refused: nothing was run or kept"]}, sinks_for(eng.ws.cfg))
+    eng.ledger.settle_approval(approved.approval_id, "stale", f"refused {when}: {detail} (tamper event recorded)")
+    raise Tampered(f"approval #{approved.approval_id} ({when}): what would run or be kept is not what was "
+                   f"approved: {detail}. Refused: nothing was run or kept, and a tamper event was recorded.")
+
+
+def _keep_binding(eng, a: dict) -> Approved:
+    """The approved keep as bytes: its commit and the source hash recorded when it was measured."""
+    exp = eng.ledger.experiment(a["experiment_id"]) if a["experiment_id"] else None
+    sha = a["source_sha"] or (exp and exp["source_sha"]) or eng.source_sha(a["commit_sha"])
+    return Approved(a["id"], a["commit_sha"], sha, a["decided_by"] or "")
+
+
+def _start_approved_run(eng, c: dict, a: dict) -> Approved:
+    """An approved run, as the commit that runs: the approved commit itself while it sits on the best, else
+    a commit of its editable files on the best (private index). Checked against the approval, then settled."""
+    ws = eng.ws
+    bound = Approved(a["id"], a["commit_sha"], a["source_sha"] or eng.source_sha(a["commit_sha"]), a["decided_by"] or "")
+    if a["base_commit"] != c["best_commit"]:
+        try:
+            files = eng._files_at(a["commit_sha"], verified=True)
+        except gitops.GitError:
+            pass       # an overwritten object: refused just below
+        else:
+            bound = dataclasses.replace(bound, commit=_commit_files(ws.root, c["best_commit"], files,
+                                                                    f"approved run #{a['id']}"))
+    refuse_unbound(eng, c, bound, bound.commit, "before an approved run")
+    eng.ledger.settle_approval(a["id"], "ran", f"started by run_experiment as commit {bound.commit[:10]}")
+    return bound
+
+
 # -- holding ---------------------------------------------------------------------------------------
-def _person_approved(eng) -> bool:
-    """Set only by apply_approved in the person's own process, never by anything the agent reaches."""
-    return bool(getattr(eng, "_approved_by_person", False))
-
-
 def _expires(ws, kind: str, now: float) -> Optional[float]:
     hours = getattr(ws.cfg.campaign, f"{kind}_timeout_hours", None)
     return None if hours is None else now + hours * 3600
 
 
-def hold_keep(eng, c: dict, exp: dict, v, samples: list[float], best_mean: float, sig: float):
+def hold_keep(eng, c: dict, exp: dict, v, samples: list[float], best_mean: float, sig: float,
+              approved_by_person: Optional[Approved] = None):
     """Called by Engine.score() for a keep verdict. Under approve-keeps/-runs: the change waits as a
-    pending approval and (verdict, next_step) for the agent come back; otherwise None (keep as usual)."""
-    if mode(eng.ws) == "closed" or _person_approved(eng):
+    pending approval and (verdict, next_step) for the agent come back; otherwise None (keep as usual:
+    also for a person's re-measure, approved_by_person, whose bytes score() has checked)."""
+    if mode(eng.ws) == "closed" or approved_by_person is not None:
         return None
     ws, led = eng.ws, eng.ledger
     now = time.time()
@@ -205,18 +280,23 @@ def hold_keep(eng, c: dict, exp: dict, v, samples: list[float], best_mean: float
     return dataclasses.replace(v, kind="pending_approval", reason=reason), nxt
 
 
-def before_run(eng, c: dict, confirm_of: Optional[int], on_progress=None):
-    """Called by Engine.run_experiment() under its lock, before anything runs. Expires overdue approvals,
-    applies approved keeps that sit on the best, and under approve-runs holds a new change until a
-    person approves it (returns the ExperimentResult for the agent), else None (run as usual)."""
+def before_run(eng, c: dict, confirm_of: Optional[int], approved_by_person: Optional[Approved] = None):
+    """Called by Engine.run_experiment() under its lock, before anything runs. Expires overdue approvals;
+    a person's run (approved_by_person) comes back as it is, to run exactly its commit. Otherwise applies
+    approved keeps that sit on the best, and under approve-runs holds a new change until a person approves
+    it (returns the ExperimentResult for the agent) or returns the approved run to start (an Approved: the
+    engine runs its commit, not the working tree); else None (run the working tree as usual)."""
     led, ws = eng.ledger, eng.ws
     expire_due(eng)
-    if _person_approved(eng):
-        return None
+    if approved_by_person is not None:
+        return approved_by_person
     ready = [a for a in led.approvals(c["id"], statuses=("approved",), kind="keep")
              if a["base_commit"] == c["best_commit"]]
     if ready and gitops.head_sha(ws.root) == c["best_commit"]:   # git only when something is to be applied
-        _move_best(eng, c, ready[0])
+        try:
+            _move_best(eng, c, ready[0])
+        except Tampered:
+            pass       # refused and recorded; the agent's own run goes on
         c = led.campaign(c["id"])
     if mode(ws) != "approve-runs" or confirm_of is not None:
         return None
@@ -224,29 +304,25 @@ def before_run(eng, c: dict, confirm_of: Optional[int], on_progress=None):
     approved = led.approvals(c["id"], statuses=("approved",), kind="run")
     if src == best_src:   # (also the first call: the baseline is the pinned code, it needs no person)
         if approved and led.baseline_samples(c["id"]):   # train.py at the best: run the oldest approved change
-            a = approved[0]
-            gitops.checkout_files(ws.root, a["commit_sha"], ws.cfg.paths.editable)
-            led.settle_approval(a["id"], "ran", "started by run_experiment")
+            return _start_approved_run(eng, c, approved[0])
         return None
     sha = eng._sha(src)
     for a in approved:
-        if a["source_sha"] == sha:
-            led.settle_approval(a["id"], "ran", "started by run_experiment")
-            return None
+        if a["source_sha"] == sha:    # the approved change is in the tree: its commit runs, not the tree
+            return _start_approved_run(eng, c, a)
     from mcp_server.loop.models import ExperimentResult
 
     same = [a for a in led.approvals(c["id"], statuses=("pending",), kind="run") if a["source_sha"] == sha]
     if same:
         a = same[0]
     else:
-        files = {rel: ((ws.root / rel).read_bytes() if (ws.root / rel).is_file() else None)
-                 for rel in ws.cfg.paths.editable}
-        commit = _commit_files(ws.root, c["best_commit"], files, "held for approval")
+        # read once: the person is shown, and approves, exactly the commit of these bytes
+        commit = _commit_files(ws.root, c["best_commit"], _editable_bytes(ws), "held for approval")
         diff = gitops.diff_text(ws.root, c["best_commit"], commit, ws.cfg.paths.editable)
         now = time.time()
         aid = led.create_approval(c["id"], "run", commit, c["best_commit"], "(run held for approval)",
-                                  branch_prefix(c["tag"]), source_sha=sha, payload={"diff": diff[:20000]},
-                                  expires_at=_expires(ws, "run", now))
+                                  branch_prefix(c["tag"]), source_sha=eng.source_sha(commit),
+                                  payload={"diff": diff[:20000]}, expires_at=_expires(ws, "run", now))
         a = led.approval(aid)
         _set_branch(ws.root, a["branch"], commit)
         led.add_event(c["id"], "approval_requested", {"approval_id": aid, "kind": "run", "tag": c["tag"],
@@ -319,8 +395,16 @@ def _restore_edits(ws, saved: dict, old_best: str, new_best: str) -> list[str]:
 
 
 def _move_best(eng, c: dict, a: dict) -> None:
-    """Fast path (caller holds the engine lock, HEAD at the best): the approved change sits on the best."""
+    """Fast path (caller holds the engine lock, HEAD at the best): the approved change sits on the best.
+    Tampered (the approval refused and closed) unless its commit holds the bytes that were measured."""
     ws, led = eng.ws, eng.ledger
+    exp = led.experiment(a["experiment_id"])
+    try:
+        refuse_unbound(eng, c, _keep_binding(eng, a), a["commit_sha"], "before an approved keep",
+                       recorded=exp["source_sha"] if exp else None)
+    except Tampered as e:
+        _close_undone(eng, a, str(e))
+        raise
     saved, old = _editable_bytes(ws), c["best_commit"]
     gitops.reset_to(ws.root, a["commit_sha"])
     led.set_best(c["id"], a["commit_sha"], a["experiment_id"])

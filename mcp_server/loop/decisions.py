@@ -1,7 +1,9 @@
 """A person's decisions on waiting changes: record them, and apply approved keeps.
 
 These open the engine (the approvals module below it only records and holds), so they sit above both:
-the CLI and the webhook call them; no MCP tool does.
+the CLI and the webhook call them; no MCP tool does. What a person approved reaches the engine as an
+explicit `Approved` (the commit to run, built from the approved blobs, and its source hash), never as
+the working tree, which a process of the agent may rewrite while the re-measure runs.
 """
 from __future__ import annotations
 
@@ -10,8 +12,11 @@ from typing import Optional
 from mcp_server.loop import gitops
 from mcp_server.loop.approvals import (
     ApprovalError,
+    Approved,
+    Tampered,
     _blob,
     _close_undone,
+    _commit_files,
     _decided_event,
     _editable_bytes,
     _merge3,
@@ -47,7 +52,6 @@ def apply_approved(root, on_progress=None, max_confirms: int = 3) -> list[str]:
     Returns what happened, one line per approval; an approval that cannot be applied yet stays approved."""
     out = []
     with Engine(root, recover=False) as eng:
-        eng._approved_by_person = True
         for a in eng.ledger.approvals(statuses=("approved",), kind="keep"):
             c = eng.ledger.campaign(a["campaign_id"])
             try:
@@ -64,6 +68,8 @@ def apply_approved(root, on_progress=None, max_confirms: int = 3) -> list[str]:
                     out.append(f"#{a['id']}: applied: the best is now {a['commit_sha'][:10]}")
                 else:
                     out.append(_remeasure(eng, c, a, on_progress, max_confirms))
+            except Tampered as e:
+                out.append(f"#{a['id']}: refused: {e}")
             except Busy:
                 out.append(f"#{a['id']}: deferred: an experiment is running; applied at the next run_experiment "
                            "or `loopwright approve --apply`")
@@ -97,27 +103,25 @@ def _remeasure(eng, c: dict, a: dict, on_progress, max_confirms: int) -> str:
         _close_undone(eng, a, f"approved (#{a['id']}) but it conflicts with the newer best")
         return f"#{a['id']}: conflict: the change does not merge onto the new best ({', '.join(conflicts)}); nothing moved"
     saved, old_best = _editable_bytes(ws), c["best_commit"]
+    # the candidate is a commit of the merged bytes (private index): exactly it runs and can be kept
+    commit = _commit_files(ws.root, c["best_commit"], files, f"re-measure of approved #{a['id']} on the new best")
+    bound = Approved(a["id"], commit, eng._sha(eng.source_of(files)), a["decided_by"] or "")
     try:
-        for rel, data in files.items():
-            if data is None:
-                (ws.root / rel).unlink(missing_ok=True)
-            else:
-                (ws.root / rel).write_bytes(data)
         res = eng.run_experiment(f"re-measure of approved #{a['id']} on the new best: {a['description']}"[:300],
                                  hypothesis=f"approved by {a['decided_by']}; was measured on {a['base_commit'][:10]}",
-                                 on_progress=on_progress)
+                                 on_progress=on_progress, approved_by_person=bound)
         if res.status != "ok":
             led.settle_approval(a["id"], "stale", f"the re-measure #{res.experiment_id} {res.status}: {res.reason}",
                                 experiment_id=None)
             _close_undone(eng, a, f"approved (#{a['id']}); its re-measure on the new best failed")
             return f"#{a['id']}: stale: the re-measure on the new best {res.status}"
         eid = res.experiment_id
-        s = eng.score(eid)
+        s = eng.score(eid, approved_by_person=bound)
         for _ in range(max_confirms):
             if s.verdict != "retest":
                 break
-            eng.run_experiment("confirm", confirm_of=eid, on_progress=on_progress)
-            s = eng.score(eid)
+            eng.run_experiment("confirm", confirm_of=eid, on_progress=on_progress, approved_by_person=bound)
+            s = eng.score(eid, approved_by_person=bound)
         if s.verdict == "keep":
             led.settle_approval(a["id"], "applied", f"re-measured as #{eid} on the new best: gain {s.gain:.4f} "
                                                     f"(bar {s.threshold:.4f}); kept")
@@ -126,6 +130,9 @@ def _remeasure(eng, c: dict, a: dict, on_progress, max_confirms: int) -> str:
         led.settle_approval(a["id"], "stale", f"re-measured as #{eid} on the new best: {s.verdict} ({s.reason})")
         _close_undone(eng, a, f"approved (#{a['id']}); re-measured as #{eid} on the new best: {s.verdict}")
         return f"#{a['id']}: stale: re-measured on the new best (#{eid}) it is no longer a gain ({s.verdict})"
+    except Tampered as e:    # refused and recorded (the approval settled) by the check of its bytes
+        _close_undone(eng, a, str(e))
+        return f"#{a['id']}: refused: {e}"
     finally:
         # whatever happened (a retest left open, an error), the tree ends at the best with the agent's edit
         c2 = led.campaign(c["id"])

@@ -259,22 +259,27 @@ class Engine:
             gitops.move_branch(self.ws.root, c["best_commit"])   # the tree (the change) is left as it is
 
     # -- an edit kept on disk while the loop puts other versions of the editable files in the tree ----------
-    def _files_at(self, commit: str) -> dict[str, Optional[bytes]]:
+    def _files_at(self, commit: str, verified: bool = False) -> dict[str, Optional[bytes]]:
+        """The editable files at `commit` (None: not in it). verified: every git object on the way re-hashed
+        (a GitError if one was overwritten), so the bytes are those the commit's name stands for."""
         out: dict[str, Optional[bytes]] = {}
         for rel in self.ws.cfg.paths.editable:
             try:
                 out[rel] = gitops.blob_bytes(self.ws.root, commit, rel)
             except gitops.GitError:
                 out[rel] = None
+                continue
+            if verified:
+                out[rel] = gitops.verified_blob_bytes(self.ws.root, commit, rel)
         return out
 
     def run_tree(self, commit: str) -> dict[str, Optional[bytes]]:
-        """What a run of `commit` sees as the workspace: the pinned commit's files (each git object
-        re-hashed) with the editable ones as of `commit`; nothing from the working tree."""
+        """What a run of `commit` sees as the workspace: the pinned commit's files with the editable ones as
+        of `commit`, each git object re-hashed; nothing from the working tree."""
         pinned = self.campaign["pinned_commit"]
         tree: dict[str, Optional[bytes]] = {rel: gitops.verified_blob_bytes(self.ws.root, pinned, rel)
                                             for rel in gitops.tracked_files(self.ws.root, pinned)}
-        tree.update(self._files_at(commit))
+        tree.update(self._files_at(commit, verified=True))
         return tree
 
     def _tree_files(self) -> dict[str, Optional[bytes]]:
@@ -398,26 +403,27 @@ class Engine:
                         "scored. Stop here and ask the human to fix the workspace.")
 
     # -- run_experiment -----------------------------------------------------------
+    @staticmethod
+    def source_of(files: dict[str, Optional[bytes]]) -> str:
+        """The editable files as one text, the form source hashes are taken of (bytes decoded as they are:
+        the live file and its committed blob give the same text)."""
+        return "\n".join(f"### {rel}\n" + ("" if data is None else data.decode("utf-8", "replace"))
+                         for rel, data in files.items())
+
     def _editable_source(self) -> str:
-        parts = []
-        for rel in self.ws.cfg.paths.editable:
-            p = self.ws.root / rel
-            parts.append(f"### {rel}\n" + (p.read_text(encoding="utf-8", errors="replace") if p.is_file() else ""))
-        return "\n".join(parts)
+        return self.source_of(self._tree_files())
 
     @staticmethod
     def _sha(text: str) -> str:
         return hashlib.sha256(text.encode()).hexdigest()
 
-    def _committed_source(self, commit: str) -> str:
-        parts = []
-        for rel in self.ws.cfg.paths.editable:
-            try:
-                body = gitops.blob_bytes(self.ws.root, commit, rel).decode("utf-8", "replace")
-            except gitops.GitError:
-                body = ""
-            parts.append(f"### {rel}\n" + body)
-        return "\n".join(parts)
+    def _committed_source(self, commit: str, verified: bool = False) -> str:
+        return self.source_of(self._files_at(commit, verified))
+
+    def source_sha(self, commit: str) -> str:
+        """The source hash of the editable files at `commit`, every git object re-hashed on the way (a
+        GitError if one was overwritten): what an experiment records, and what an approval binds to."""
+        return self._sha(self._committed_source(commit, verified=True))
 
     def _next_seed(self, experiment_id: int) -> int:
         # The runner, not train.py, chooses seeds: a fresh one per run, reproducible from the ledger.
@@ -425,7 +431,11 @@ class Engine:
 
     def run_experiment(self, description: str, hypothesis: Optional[str] = None,
                        confirm_of: Optional[int] = None, on_progress: Optional[runner.ProgressFn] = None,
-                       session_id: Optional[int] = None) -> ExperimentResult:
+                       session_id: Optional[int] = None,
+                       approved_by_person: Optional[approvals.Approved] = None) -> ExperimentResult:
+        """Run the change in the working tree (committed first) on the seed set, or with confirm_of a confirm
+        run of a retest. approved_by_person (only from a person's process: loop/decisions.py) runs exactly
+        its commit instead, never the working tree, and is neither held nor delayed by other approvals."""
         # Agent-written text: control characters/ANSI stripped, length capped (status renders it).
         description = textmod.clean(description, textmod.MAX_DESCRIPTION)
         if not description:
@@ -443,28 +453,30 @@ class Engine:
             if status.should_stop:
                 raise LoopError(f"the campaign budget is spent ({'; '.join(status.reasons)}); stop here.")
             self._integrity(c, "before the run")
-            held = approvals.before_run(self, c, confirm_of, on_progress)   # the autonomy slider
-            if held is not None:
+            # the autonomy slider: a change held for a person (its result), or the approved run to start
+            held = approvals.before_run(self, c, confirm_of, approved_by_person)
+            if isinstance(held, ExperimentResult):
                 return held
+            bound = held   # a person's approval: exactly its commit runs (never the working tree)
             c = self.campaign   # an approved keep may have moved the best
             baseline, refs = None, []
             first = not self.ledger.baseline_samples(c["id"])
             if confirm_of is None and not first:
-                self._refuse_non_change(c)   # before the reference runs: a non-change must cost no runs
+                self._refuse_non_change(c, bound)   # before the reference runs: a non-change must cost no runs
             if confirm_of is None:
                 # the reference must have a run on every seed of the (possibly fresh) seed set
                 set_index, seeds = self.seed_set(c, rotate=not first)
                 if first:
                     baseline = self._measure_baseline(c, seeds, set_index, on_progress, session_id)
-                    if self._editable_source() == self._committed_source(c["best_commit"]):
+                    if bound is None and self._editable_source() == self._committed_source(c["best_commit"]):
                         return self._baseline_result(c, baseline)
                 else:
                     refs = self._measure_reference(c, seeds, set_index, on_progress, session_id,
                                                    f"seed set {set_index}")
             if confirm_of is not None:
-                res = self._run_confirm(c, confirm_of, description, on_progress, session_id)
+                res = self._run_confirm(c, confirm_of, description, on_progress, session_id, bound)
             else:
-                res = self._run_candidate(c, description, hypothesis, on_progress, session_id)
+                res = self._run_candidate(c, description, hypothesis, on_progress, session_id, bound)
             res.baseline = baseline
             res.reference_runs += len(refs)
             if res.status != "ok":   # an ok run waits for score(): the end is recorded after the keep it may make
@@ -511,10 +523,10 @@ class Engine:
                        f"(detectable effect ~{baseline.mde:.4f}). Edit train.py and call "
                        "run_experiment(description, hypothesis)."))
 
-    def _refuse_non_change(self, c) -> str:
-        """train.py's source, unless it is no real change from the best version (then a LoopError saying
-        what it is: identical, comments/whitespace only, or seed only)."""
-        src = self._editable_source()
+    def _refuse_non_change(self, c, bound: Optional[approvals.Approved] = None) -> str:
+        """train.py's source (the working tree's, or the approved commit's), unless it is no real change from
+        the best version (then a LoopError saying what it is: identical, comments/whitespace only, or seed only)."""
+        src = self._editable_source() if bound is None else self._committed_source(bound.commit, verified=True)
         best_src = self._committed_source(c["best_commit"])
         if src == best_src:
             raise LoopError("train.py is identical to the best version: edit it first, then call run_experiment.")
@@ -527,8 +539,9 @@ class Engine:
                             "(the runner picks seeds). Try a real change to the model or training.")
         return src
 
-    def _run_candidate(self, c, description, hypothesis, on_progress, session_id) -> ExperimentResult:
-        src = self._refuse_non_change(c)
+    def _run_candidate(self, c, description, hypothesis, on_progress, session_id,
+                       bound: Optional[approvals.Approved] = None) -> ExperimentResult:
+        src = self._refuse_non_change(c, bound)
         sha = self._sha(src)
         prior = self.ledger.experiments(c["id"], where="source_sha=? AND confirm_of IS NULL AND status!='interrupted' "
                                         "AND COALESCE(verdict_reason, '') NOT LIKE ?",
@@ -539,14 +552,25 @@ class Engine:
                             f"val_bpb {p['val_bpb']}, verdict {p['verdict']}). Try something else; "
                             "state_read(view='tried') lists what was tried.")
         from mcp_server.mechanisms import near_repeat_warnings
-        warnings = near_repeat_warnings(self)   # search mechanisms (tabu): near repeats of tried versions
+        # search mechanisms (tabu): near repeats of tried versions (of the working tree: the agent's own runs)
+        warnings = near_repeat_warnings(self) if bound is None else []
         self._abandon_pending_retests(c)
-        try:
-            commit, _ = gitops.commit_editable(self.ws.root, self.ws.cfg.paths.editable, self.ws.cfg.paths.state_dir,
-                                               f"experiment: {description}")
-        except gitops.GitError as e:
-            raise LoopError(str(e)) from None
-        assert commit is not None
+        if bound is None:
+            try:
+                commit, _ = gitops.commit_editable(self.ws.root, self.ws.cfg.paths.editable,
+                                                   self.ws.cfg.paths.state_dir, f"experiment: {description}")
+            except gitops.GitError as e:
+                raise LoopError(str(e)) from None
+            assert commit is not None
+            sha = self.source_sha(commit)   # what was committed (the file may have changed since it was read)
+        else:
+            # the commit built from the approved blobs, on the best; its bytes checked against the approval
+            approvals.refuse_unbound(self, c, bound, bound.commit, "before an approved run")
+            commit, sha = bound.commit, bound.source_sha
+            if [p.hexsha for p in gitops.repo(self.ws.root).commit(commit).parents] != [c["best_commit"]]:
+                raise LoopError(f"approval #{bound.approval_id}: commit {commit[:10]} is not built on the best "
+                                f"{c['best_commit'][:10]}; `loopwright approve --apply` carries it onto the best")
+            gitops.reset_to(self.ws.root, commit)   # the branch moves to it, as a committed candidate does
         set_index, seeds = self.seed_set(c)
         refs = self.reference_runs(c)
         noise = self.ws.cfg.noise
@@ -610,7 +634,8 @@ class Engine:
         if gitops.head_sha(self.ws.root) != c["best_commit"]:
             gitops.move_branch(self.ws.root, c["best_commit"])
 
-    def _run_confirm(self, c, confirm_of, description, on_progress, session_id) -> ExperimentResult:
+    def _run_confirm(self, c, confirm_of, description, on_progress, session_id,
+                     bound: Optional[approvals.Approved] = None) -> ExperimentResult:
         orig = self.ledger.experiment(confirm_of)
         if orig is None or orig["campaign_id"] != c["id"]:
             raise LoopError(f"experiment {confirm_of} does not exist in this campaign; "
@@ -618,7 +643,10 @@ class Engine:
         if orig["verdict"] != "retest":
             raise LoopError(f"experiment {confirm_of} has verdict {orig['verdict']!r}; only a 'retest' verdict "
                             "takes a confirm run")
-        if gitops.head_sha(self.ws.root) != orig["commit_sha"] or gitops.is_dirty(self.ws.root):
+        if bound is not None:   # the run is the commit, whatever the working tree holds
+            approvals.refuse_unbound(self, c, bound, orig["commit_sha"], "before an approved confirm run",
+                                     recorded=orig["source_sha"])
+        if gitops.head_sha(self.ws.root) != orig["commit_sha"] or (bound is None and gitops.is_dirty(self.ws.root)):
             raise LoopError(f"the tree is not at experiment {confirm_of}'s commit (you edited train.py after the "
                             "retest verdict). Call revert(to=%d) to go back to it, then run the confirm." % confirm_of)
         # a fresh seed for BOTH: the reference (best) runs on it first, then the candidate, paired
@@ -756,11 +784,24 @@ class Engine:
             log_tail=None if row["status"] == "ok" else (row["log_tail"] or "")[-2500:], next_step=nxt)
 
     # -- score ------------------------------------------------------------------
-    def score(self, experiment_id: Optional[int] = None) -> ScoreResult:
+    def score(self, experiment_id: Optional[int] = None,
+              approved_by_person: Optional[approvals.Approved] = None) -> ScoreResult:
+        """The verdict of an experiment whose runs are in. approved_by_person (a person's re-measure of an
+        approved keep, loop/decisions.py): a keep applies at once, and only if the experiment is exactly
+        the approved bytes (else refused, a tamper event recorded)."""
         with self._exclusive():
             c = self.campaign
             exp = self._scorable(c, experiment_id)
             self._integrity(c, "before scoring")
+            if approved_by_person is not None:
+                try:
+                    approvals.refuse_unbound(self, c, approved_by_person, exp["commit_sha"], "before an approved keep",
+                                             recorded=exp["source_sha"])
+                except approvals.Tampered as e:
+                    for r in [exp] + self.ledger.confirm_runs(exp["id"]):
+                        self.ledger.update_experiment(r["id"], verdict="discard", verdict_reason=str(e))
+                    gitops.reset_to(self.ws.root, c["best_commit"])
+                    raise
             samples = self._samples(exp["id"])
             best_mean, n_best = self.best(c)
             if best_mean is None:
@@ -776,7 +817,8 @@ class Engine:
             ids = [exp["id"]] + [r["id"] for r in self.ledger.confirm_runs(exp["id"])]
             for i in ids:
                 self.ledger.update_experiment(i, verdict=v.kind, verdict_reason=v.reason)
-            held = approvals.hold_keep(self, c, exp, v, samples, best_mean, sig) if v.kind == "keep" else None
+            held = (approvals.hold_keep(self, c, exp, v, samples, best_mean, sig, approved_by_person)
+                    if v.kind == "keep" else None)
             if held is not None:   # autonomy approve-keeps: the keep waits on a person (loop/approvals.py)
                 v, nxt = held
             elif v.kind == "keep":
