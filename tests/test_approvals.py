@@ -269,7 +269,8 @@ def test_an_approved_change_that_no_longer_merges_is_a_conflict(ws):
 
 
 def test_an_agent_session_never_holds_the_approval_signing_secrets(ws, tmp_path, monkeypatch):
-    """A launched agent with SLACK_SIGNING_SECRET could sign its own button click: the launcher drops it."""
+    """A launched agent with SLACK_SIGNING_SECRET could sign its own button click, and with a connector token post
+    as the bot (or as a Jira approver): the launcher passes neither."""
     from mcp_server.agents.launch import launch_session
 
     dump = tmp_path / "env.txt"
@@ -279,11 +280,11 @@ def test_an_agent_session_never_holds_the_approval_signing_secrets(ws, tmp_path,
     monkeypatch.setenv("LOOPWRIGHT_CLAUDE_BIN", str(fake))
     monkeypatch.setenv("SLACK_SIGNING_SECRET", "s3cret-slack")
     monkeypatch.setenv("LOOPWRIGHT_JIRA_SECRET", "s3cret-jira")
-    monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-still-needed-for-notices")
+    monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-the-launcher-keeps-it")
     launch_session(ws.root, "claude", max_session_minutes=1)
     seen = dump.read_text()
     assert "s3cret-slack" not in seen and "s3cret-jira" not in seen
-    assert "LOOPWRIGHT_SESSION_ID=" in seen and "xoxb-still-needed-for-notices" in seen
+    assert "LOOPWRIGHT_SESSION_ID=" in seen and "xoxb-the-launcher-keeps-it" not in seen
 
 
 def test_the_jira_comment_says_how_to_decide():
