@@ -6,6 +6,7 @@ bwrap cannot make namespaces on this machine. CI installs it (.ci/run).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
@@ -320,7 +321,8 @@ def test_eval_dir_is_private_and_holds_a_hashed_copy(tmp_path):
     import hashlib
     model = tmp_path / "model.pt2"
     model.write_bytes(os.urandom(5000))
-    d = sandbox.make_eval_dir({"prepare.py": b"print(1)\n", "loopwright.toml": b"[benchmark]\n"}, model)
+    d = sandbox.make_eval_dir({"prepare.py": b"print(1)\n", "loopwright.toml": b"[benchmark]\n"}, model,
+                              tmp_path / "state" / "eval")
     try:
         assert (d.path.stat().st_mode & 0o777) == 0o700
         assert d.prepare.read_bytes() == b"print(1)\n"
@@ -334,7 +336,7 @@ def test_eval_dir_is_private_and_holds_a_hashed_copy(tmp_path):
     os.mkfifo(fifo)
     before = set(Path(d.path.parent).glob("loopwright-eval-*"))
     with pytest.raises(sandbox.UnsafeFile):
-        sandbox.make_eval_dir({"prepare.py": b""}, fifo)
+        sandbox.make_eval_dir({"prepare.py": b""}, fifo, d.path.parent)
     assert set(Path(d.path.parent).glob("loopwright-eval-*")) == before    # nothing left behind
 
 
@@ -351,9 +353,10 @@ def test_planted_json_py_and_pth_in_site_packages_do_not_run_in_the_evaluator(bo
     model = tmp_path / "model.pt2"
     model.write_bytes(b"weights")
     script = b"import json, sys, only_here\nprint(json.dumps({'json': json.__file__, 'v': only_here.VALUE}))\n"
-    d = sandbox.make_eval_dir({"prepare.py": script}, model)
+    d = sandbox.make_eval_dir({"prepare.py": script}, model, tmp_path / "state" / "eval")
     try:
-        code = sandbox.eval_bootstrap(d.prepare, ["evaluate", str(d.model)], [str(planted)])
+        code = sandbox.eval_bootstrap(d.prepare, ["evaluate", str(d.model)], [str(planted)],
+                                      hashlib.sha256(script).hexdigest())
         cmd = sandbox.build_command([sys.executable, "-I", "-S", "-c", code], mode="eval",
                                     workspace=box["ws"], hide=[box["state"]], ro_binds=[d.path, planted],
                                     cwd=d.path)
