@@ -278,7 +278,7 @@ def test_train_py_on_a_worker_reads_no_held_out_data_nor_other_working_copies(ws
     manifest = asyncrun.data_manifest(eng, c)
     held_out = {manifest[n] for n in ("val.bin", "test.bin")}
     # what a busy worker holds: the cached splits, and another run's working copy with its val/test
-    worker = unmasked / "home" / "worker"
+    worker = unmasked / "home" / "workspaces" / ".worker"
     (worker / "data").mkdir(parents=True, exist_ok=True)
     other = worker / "work" / "loopwright-run-other" / "state" / "data"
     other.mkdir(parents=True, exist_ok=True)
@@ -300,7 +300,7 @@ def test_train_py_on_a_worker_reads_no_held_out_data_nor_other_working_copies(ws
     line = next(ln for ln in outs[0].train_log.splitlines() if ln.startswith("FOUND "))
     found = json.loads(line[len("FOUND "):])
     assert not held_out & set(found.values()), f"train.py read a held-out split: {found}"
-    assert not [p for p in found if "/worker/data/" in p or "loopwright-run-other" in p], found
+    assert not [p for p in found if "/.worker/data/" in p or "loopwright-run-other" in p], found
     # the sandbox works: its own working copy is there (its train.py, the train view)
     assert any(p.endswith("/ws/train.py") for p in found), found
     eng.close()

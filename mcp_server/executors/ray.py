@@ -6,10 +6,10 @@ first, so a dead head fails in seconds rather than Ray's minutes of retries).
 
 What travels: the RunSpec (sources and the pinned evaluator by content, the data manifest) and, once
 per driver, each data file put into the object store. A worker keeps data in a content-addressed cache
-(<state home>/worker/data/<sha256>, 0700; never the temp dir, which on a cluster is often a node-local
+(<state home>/workspaces/.worker/data/<sha256>, 0700; never the temp dir, which on a cluster is often a node-local
 scratch outside the sandbox's default masks), fetched from the object store only when a run needs it
 (val/test only for its evaluation) and verified by sha256 before use (workcopy.stage_data checks it
-again). The cache and the runs' working copies (worker/work/) are hidden from train.py
+again). The cache and the runs' working copies (.worker/work/) are hidden from train.py
 (sandbox.hidden_paths). Resources per run come from the settings
 (num_cpus, num_gpus, memory): `num_gpus = 1` is one GPU per experiment, and Ray sets
 CUDA_VISIBLE_DEVICES, which the runner's scrubbed environment passes on (nothing else of the worker's
@@ -125,7 +125,7 @@ def _cache_root() -> Path:
     """The worker's private dir (loop/sandbox.py worker_root: under the state home, hidden from every
     sandbox), 0700 from the state home down."""
     root = sandbox.worker_root()
-    for d in (root.parent, root):
+    for d in (root.parent.parent, root.parent, root):
         d.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(d, 0o700)
     return root

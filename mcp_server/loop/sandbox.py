@@ -531,10 +531,11 @@ def corpus_is_public(corpus: str) -> bool:
 def worker_root() -> Path:
     """A worker's private directory (Ray executor): its data cache (data/<sha256>) and the runs' working
     copies (work/). Under the state home, never a temp dir (a node-local scratch TMPDIR sits outside the
-    default masks: red team C1); hidden from all agent code by hidden_paths."""
+    default masks: red team C1); hidden from all agent code by hidden_paths, and beside the state dirs
+    (workspaces/), which the generated client sandbox configs deny to the agent's shell as a whole."""
     from mcp_server.loop.workspace import state_home
 
-    return state_home() / "worker"
+    return state_home() / "workspaces" / ".worker"
 
 
 def _corpus_paths(corpus: str, root: Optional[os.PathLike | str] = None) -> list[Path]:
