@@ -284,6 +284,8 @@ def sample_summary(advice: dict, label: str, cases: list[dict]) -> dict:
     names, only those that are constants of that case's train.py; of the note, its length."""
     from mcp_server.mechanisms.source import tunable_constants
 
+    if not advice:
+        return {}
     source = next((c["source"] for c in cases if c["label"] == label), "")
     try:
         known = {k.name for k in tunable_constants(source)}
