@@ -7,6 +7,10 @@ injection), `/` read-only, a private /tmp, /run and $HOME (empty tmpfs), the
 workspace read-only, the loop's state directory invisible except the files that
 process may read, and one writable scratch directory.
 
+What is hidden from agent-written code is ONE list, hidden_paths(): every state home's state, the
+worker's data cache and working copies, every corpus given as a PATH, the workspace's .git and
+.loopwright; train.py, the evaluator (a model's graph runs in it) and mechanisms all get it.
+
 Mounts are built in this order (bwrap applies them in order, a later mount
 shadows an earlier one):
   1. `/` read-only, a fresh /dev and /proc;
