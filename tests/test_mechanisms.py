@@ -331,3 +331,29 @@ def test_parsed_versions_are_cached_on_disk(tmp_path: Path, small_corpus):
         assert again.trials[0].changed == ("LR",) and again.trials[1].category == "architecture"
         (ws.state_dir / "cache" / "mechanisms.json").write_text("{not json")   # a damaged cache is ignored
         assert [t.id for t in history_from_engine(eng).trials] == [t.id for t in fresh.trials]
+
+
+def test_a_mechanism_answer_is_bounded_and_not_echoed_back_verbatim():
+    """Red team B1: `mechanism_propose` handed the proposer its advice samples verbatim, and `parameters` had
+    no size cap: a mechanism that read anything could return it that way. Names must be identifiers of a few
+    dozen characters, the whole answer a few KB; the proposer sees only the constants of train.py among
+    the names and the length of the note."""
+    from mcp_server.mechanisms import validate
+    from mcp_server.mechanisms.base import MAX_ADVICE_BYTES, check_advice
+
+    source = (BENCH / "train.py").read_text()
+    blob = "A" * 5000
+    for bad in ({"parameters": [blob]}, {"parameters": ["not a name!"]}, {"note": blob},
+                {"parameters": [f"N{i}" for i in range(200)]}, {"avoid": ["x" * 65]}):
+        with pytest.raises(ValueError):
+            check_advice(bad)
+    with pytest.raises(ValueError, match=str(MAX_ADVICE_BYTES)):
+        check_advice({"parameters": [f"{'C' * 60}{i:03d}" for i in range(64)]})
+    smuggle = ("SECRET_" + "ab12" * 10)          # a well-formed name that is no constant of train.py
+    code = ("def advise(history, source):\n"
+            f"    return {{'category': 'optimizer', 'parameters': ['LR', {smuggle!r}], 'note': 'val text here'}}\n")
+    v = validate.validate("echo", code, source)
+    assert v.ok, v.reason
+    assert v.samples and smuggle not in repr(v.samples) and "val text" not in repr(v.samples), v.samples
+    assert all(s["parameters"] == ["LR"] and s["parameters_not_constants"] == 1 for label, s in v.samples.items()
+               if label != "no-constants"), v.samples

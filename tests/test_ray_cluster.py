@@ -17,10 +17,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import socket
+import tempfile
 import threading
 import time
+from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -50,13 +54,46 @@ TINY_STEPS = 4
 TINY = {"benchmark": {"clock": "steps", "budget_tokens": TINY_STEPS * 8 * 256, "eval_tokens": 2048}}
 
 
+def _unmasked_base() -> Optional[Path]:
+    """A writable folder outside every default mask of the sandbox (temp dirs, homes, /run, /mnt...):
+    where a cluster's node-local scratch would be. LOOPWRIGHT_TEST_UNMASKED_DIR names one; else the
+    repository's folder or its parent when they qualify."""
+    static = ("/tmp", "/var/tmp", "/run", "/var/run", "/home", "/root", "/mnt", "/media", os.path.expanduser("~"))
+    masked = [os.path.realpath(m) for m in static if os.path.isdir(m)]
+    for cand in (os.environ.get("LOOPWRIGHT_TEST_UNMASKED_DIR"), str(REPO.parent), str(REPO)):
+        if cand and os.path.isdir(cand) and os.access(cand, os.W_OK):
+            real = os.path.realpath(cand)
+            if not any(real == m or real.startswith(m + "/") for m in masked):
+                return Path(real)
+    return None
+
+
 @pytest.fixture(scope="module")
-def cluster_boot():
+def unmasked():
+    """The workers' TMPDIR and state home, outside every default mask (red team C1: a node-local scratch
+    TMPDIR held the worker's data cache, val and test included, and other runs' working copies)."""
+    base = _unmasked_base()
+    if base is None:
+        yield None
+        return
+    d = Path(tempfile.mkdtemp(prefix=".lw-ray-unmasked-", dir=base))
+    (d / "tmp").mkdir()
+    (d / "home").mkdir()
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def cluster_boot(unmasked):
     """The cluster starts in the background (the workspace is made meanwhile); `cluster` waits for it."""
     helper = _load_cluster_helper()
+    env = {"LOOPWRIGHT_TEST_SECRET": "must-not-reach-train.py"}
+    if unmasked is not None:
+        env.update(TMPDIR=str(unmasked / "tmp"), LOOPWRIGHT_HOME=str(unmasked / "home"))
     # head with one task slot + one worker node with one: two runs in flight, on two nodes
-    c = helper.LocalRayCluster(worker_nodes=1, cpus_per_node=1, head_cpus=1,
-                               env={"LOOPWRIGHT_TEST_SECRET": "must-not-reach-train.py"})
+    c = helper.LocalRayCluster(worker_nodes=1, cpus_per_node=1, head_cpus=1, env=env)
     errors: list[BaseException] = []
 
     def boot():
@@ -203,6 +240,69 @@ def test_a_campaign_reaches_the_cluster_through_ray_client(ws, cluster):
     assert ok and all(json.loads(r["metrics_json"])["worker"].startswith("ray:") for r in ok), ok
     check_consistent(eng)
     asyncrun.close_driver(eng)
+    eng.close()
+
+
+ATTACK = r"""
+import hashlib, json, os, sys
+# red team C1: read every file under the worker's TMPDIR and state home, and where the cache used to be
+found = {}
+for root in ROOTS:
+    for d, dirs, names in os.walk(root):
+        for n in names:
+            p = os.path.join(d, n)
+            try:
+                with open(p, "rb") as f:
+                    found[p] = hashlib.sha256(f.read()).hexdigest()
+            except OSError:
+                pass
+print("FOUND " + json.dumps(found))
+sys.exit(3)
+"""
+
+
+def test_train_py_on_a_worker_reads_no_held_out_data_nor_other_working_copies(ws, cluster, unmasked):
+    """Red team C1, on the real cluster with the workers' TMPDIR and state home outside every default mask:
+    the worker caches data under its private state-home dir (never the temp dir) and fetches val/test only
+    for the evaluation; the cache and the other runs' working copies are hidden from train.py. A train.py
+    that reads everything it can find there sees neither a held-out split nor another working copy."""
+    if unmasked is None:
+        pytest.skip("no writable folder outside the sandbox's default masks here (set LOOPWRIGHT_TEST_UNMASKED_DIR)")
+    from mcp_server.executors.base import RunSpec
+    from mcp_server.executors.ray import RayExecutor
+
+    configure(ws.root, **{"executor.kind": '"ray"', "executor.address": f'"{cluster.address}"',
+                          "executor.parallel": "1"})
+    eng = Engine(ws.root)
+    c = eng.campaign
+    manifest = asyncrun.data_manifest(eng, c)
+    held_out = {manifest[n] for n in ("val.bin", "test.bin")}
+    # what a busy worker holds: the cached splits, and another run's working copy with its val/test
+    worker = unmasked / "home" / "workspaces" / ".worker"
+    (worker / "data").mkdir(parents=True, exist_ok=True)
+    other = worker / "work" / "loopwright-run-other" / "state" / "data"
+    other.mkdir(parents=True, exist_ok=True)
+    for name in ("val.bin", "test.bin"):
+        data = (eng.ws.data_dir / name).read_bytes()
+        (worker / "data" / manifest[name]).write_bytes(data)
+        (other / name).write_bytes(data)
+    roots = [str(unmasked), str(unmasked / "tmp" / f"loopwright-{os.getuid()}")]
+    evaluator = {n: gitops.verified_blob_bytes(ws.root, c["pinned_commit"], n) for n in ("prepare.py", "loopwright.toml")}
+    spec = RunSpec(run_id=990001, seed=1, sources={"train.py": ATTACK.replace("ROOTS", repr(roots))},
+                   evaluator=evaluator, data=manifest, label="C1 attack")
+    ex = RayExecutor(eng.ws.cfg.executor, eng.ws.data_dir, manifest)
+    try:
+        ex.submit(spec)
+        outs = ex.wait(timeout=300)
+    finally:
+        ex.close()
+    assert outs and outs[0].status == "crash", outs
+    line = next(ln for ln in outs[0].train_log.splitlines() if ln.startswith("FOUND "))
+    found = json.loads(line[len("FOUND "):])
+    assert not held_out & set(found.values()), f"train.py read a held-out split: {found}"
+    assert not [p for p in found if "/.worker/data/" in p or "loopwright-run-other" in p], found
+    # the sandbox works: its own working copy is there (its train.py, the train view)
+    assert any(p.endswith("/ws/train.py") for p in found), found
     eng.close()
 
 

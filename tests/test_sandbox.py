@@ -6,6 +6,7 @@ bwrap cannot make namespaces on this machine. CI installs it (.ci/run).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
@@ -320,7 +321,8 @@ def test_eval_dir_is_private_and_holds_a_hashed_copy(tmp_path):
     import hashlib
     model = tmp_path / "model.pt2"
     model.write_bytes(os.urandom(5000))
-    d = sandbox.make_eval_dir({"prepare.py": b"print(1)\n", "loopwright.toml": b"[benchmark]\n"}, model)
+    d = sandbox.make_eval_dir({"prepare.py": b"print(1)\n", "loopwright.toml": b"[benchmark]\n"}, model,
+                              tmp_path / "state" / "eval")
     try:
         assert (d.path.stat().st_mode & 0o777) == 0o700
         assert d.prepare.read_bytes() == b"print(1)\n"
@@ -334,7 +336,7 @@ def test_eval_dir_is_private_and_holds_a_hashed_copy(tmp_path):
     os.mkfifo(fifo)
     before = set(Path(d.path.parent).glob("loopwright-eval-*"))
     with pytest.raises(sandbox.UnsafeFile):
-        sandbox.make_eval_dir({"prepare.py": b""}, fifo)
+        sandbox.make_eval_dir({"prepare.py": b""}, fifo, d.path.parent)
     assert set(Path(d.path.parent).glob("loopwright-eval-*")) == before    # nothing left behind
 
 
@@ -351,9 +353,10 @@ def test_planted_json_py_and_pth_in_site_packages_do_not_run_in_the_evaluator(bo
     model = tmp_path / "model.pt2"
     model.write_bytes(b"weights")
     script = b"import json, sys, only_here\nprint(json.dumps({'json': json.__file__, 'v': only_here.VALUE}))\n"
-    d = sandbox.make_eval_dir({"prepare.py": script}, model)
+    d = sandbox.make_eval_dir({"prepare.py": script}, model, tmp_path / "state" / "eval")
     try:
-        code = sandbox.eval_bootstrap(d.prepare, ["evaluate", str(d.model)], [str(planted)])
+        code = sandbox.eval_bootstrap(d.prepare, ["evaluate", str(d.model)], [str(planted)],
+                                      hashlib.sha256(script).hexdigest())
         cmd = sandbox.build_command([sys.executable, "-I", "-S", "-c", code], mode="eval",
                                     workspace=box["ws"], hide=[box["state"]], ro_binds=[d.path, planted],
                                     cwd=d.path)
@@ -686,3 +689,203 @@ def test_macos_profile_denies_network_writes_and_the_state_dir(box):
     allow_view = f'(allow file-read* (subpath "{os.path.realpath(mount)}"))'
     assert deny_state in profile and allow_view in profile
     assert profile.index(allow_view) > profile.index(deny_state)     # the last matching rule wins
+
+
+# --------------------------------------------------------------------------- one policy for all agent code
+
+PROBE = """
+import json
+out = {}
+for p in TARGETS:
+    try:
+        with open(p, "rb") as f:
+            out[p] = f.read(200).decode("latin-1")
+    except OSError as e:
+        out[p] = "ERR " + type(e).__name__
+"""
+
+
+@needs_bwrap
+def test_every_kind_of_agent_code_is_denied_the_same_hidden_paths(tmp_path, monkeypatch):
+    """Red team B1: a mechanism read val.bin, test.bin and a `--corpus PATH` file byte-exact (its sandbox
+    hid only temp dirs and homes), while train.py's hid them. One list (sandbox.hidden_paths: every state
+    home, every corpus, the worker's cache and working copies) now bounds train.py, the evaluator and a
+    mechanism alike. Laid out where the default masks do not reach (the temp dir unmasked here), each kind
+    of code tries to open every file of that list: none is readable, while each still does its work."""
+    from mcp_server.loop.workspace import RECORD_NAME
+    from mcp_server.mechanisms import validate
+
+    masks = sandbox.default_masks
+    tmp_root = os.path.realpath(tmp_path).split(os.sep)[1]
+    monkeypatch.setattr(sandbox, "default_masks",
+                        lambda home=None: [m for m in masks(home) if m.split(os.sep)[1] != tmp_root])
+    home = tmp_path / "lwhome"
+    monkeypatch.setenv("LOOPWRIGHT_HOME", str(home))
+    mine, other = home / "workspaces" / "ws-a", home / "workspaces" / "ws-b"
+    for st in (mine, other):
+        (st / "data").mkdir(parents=True)
+        for split in ("val.bin", "test.bin"):
+            (st / "data" / split).write_text(f"{split} OF {st.name}\n")
+        (st / "state.db").write_text(f"LEDGER OF {st.name}\n")
+    corpus, other_corpus = tmp_path / "corpus", tmp_path / "corpus-b"
+    for c in (corpus, other_corpus):
+        c.mkdir()
+        (c / "doc.txt").write_text(f"HELD-OUT TEXT OF {c.name}\n")
+    other_root = tmp_path / "ws-b-root"            # another workspace, registered in the state home
+    other_root.mkdir()
+    (other_root / "loopwright.toml").write_text(f'[benchmark]\ncorpus = "{other_corpus}"\n')
+    (other / RECORD_NAME).write_text(json.dumps({"id": "ws-b", "root": str(other_root)}))
+    worker = sandbox.worker_root()
+    (worker / "data").mkdir(parents=True)
+    (worker / "data" / ("ab" * 32)).write_text("CACHED TEST SPLIT\n")
+    (worker / "work" / "loopwright-run-x" / "state" / "data").mkdir(parents=True)
+    (worker / "work" / "loopwright-run-x" / "state" / "data" / "val.bin").write_text("ANOTHER RUN'S VAL\n")
+    ws = tmp_path / "ws"
+    (ws / ".git").mkdir(parents=True)
+    (ws / ".git" / "HEAD").write_text("ref: refs/heads/loopwright/t\n")
+    (ws / "train.py").write_text("x = 1\n")
+    view = mine / "train-view"
+    view.mkdir()
+    (view / "train.bin").write_text("TRAIN\n")
+    wsobj = SimpleNamespace(root=ws, state_dir=mine, workspace_data_dir=ws / ".loopwright" / "data",
+                            data_dir=mine / "data",
+                            cfg=SimpleNamespace(benchmark=SimpleNamespace(corpus=str(corpus))))
+
+    hidden = sandbox.hidden_paths(wsobj)
+    targets = sorted(str(p) for h in hidden for p in ([h] if h.is_file() else h.rglob("*")) if p.is_file())
+    for must in (other / "data" / "test.bin", mine / "data" / "val.bin", corpus / "doc.txt",
+                 other_corpus / "doc.txt", worker / "data" / ("ab" * 32), ws / ".git" / "HEAD",
+                 worker / "work" / "loopwright-run-x" / "state" / "data" / "val.bin"):
+        assert str(must) in targets, f"{must} is not in the one policy's hidden paths {hidden}"
+    probe = PROBE.replace("TARGETS", repr(targets))
+    env = {"PATH": os.environ.get("PATH", "")}
+
+    def leaked(out: dict) -> dict:
+        return {p: v for p, v in out.items() if p in targets and not v.startswith("ERR")}
+
+    # train.py
+    script = tmp_path / "train_probe.py"
+    script.write_text(probe + "out['train'] = open(%r).read()\nprint(json.dumps(out))\n"
+                      % str(ws / ".loopwright" / "data" / "train.bin"))
+    cmd = sandbox.training_command(wsobj, [sys.executable, str(script)], view=view, scratch=tmp_path / "scratch",
+                                   env=env)
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["train"] == "TRAIN\n" and not leaked(out), f"train.py read {leaked(out)}"
+
+    # the evaluator (a model's graph runs in it), with its own data files bound
+    model = tmp_path / "model.pt2"
+    model.write_bytes(b"weights")
+    eprobe = (probe + "import sys\nout['val'] = open(sys.argv[1]).read()\nprint(json.dumps(out))\n").encode()
+    box = sandbox.make_eval_dir({"prepare.py": eprobe}, model, mine / "eval")
+    try:
+        code = sandbox.eval_bootstrap(box.prepare, [str(box.path / "data" / "val.bin")], sandbox.site_dirs(),
+                                      hashlib.sha256(eprobe).hexdigest())
+        cmd = sandbox.evaluation_command(wsobj, [sys.executable, "-I", "-S", "-c", code], eval_dir=box,
+                                         data_dir=mine / "data", data_files=["val.bin"])
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
+    finally:
+        box.cleanup()
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["val"] == "val.bin OF ws-a\n" and not leaked(out), f"the evaluator read {leaked(out)}"
+
+    # a mechanism: no static checks on this path (they are friendly early errors); the OS stops it
+    mech = probe.replace("\nimport json\n", "\n") + "\ndef advise(history, source):\n    return {'read': out}\n"
+    res = validate.run_sandboxed("probe", mech, [{"label": "x", "history": {}, "source": ""}], 30.0, ws=wsobj)
+    assert res.imported and res.cases and res.cases[0].ok, (res.import_error, res.stderr)
+    out = res.cases[0].advice["read"]
+    assert set(out) == set(targets) and not leaked(out), f"a mechanism read {leaked(out)}"
+
+
+def test_the_bootstrap_runs_only_the_pinned_bytes(tmp_path):
+    """R11b, the second half: whatever could write the evaluator's file, the bootstrap reads it once,
+    hashes it and runs exactly those bytes, or refuses."""
+    model = tmp_path / "model.pt2"
+    model.write_bytes(b"weights")
+    pinned = b"print('pinned evaluator')\n"
+    d = sandbox.make_eval_dir({"prepare.py": pinned}, model, tmp_path / "state" / "eval")
+    try:
+        assert (d.path.parent.stat().st_mode & 0o777) == 0o700
+        code = sandbox.eval_bootstrap(d.prepare, [], [], hashlib.sha256(pinned).hexdigest())
+        ok = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, timeout=60)
+        assert ok.returncode == 0 and ok.stdout == "pinned evaluator\n", ok.stderr
+        d.prepare.write_bytes(b"print('{\"ok\": true, \"val_bpb\": 0.1}')\n")     # a swap
+        bad = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, timeout=60)
+    finally:
+        d.cleanup()
+    assert bad.returncode == sandbox.EVALUATOR_CHANGED_EXIT and bad.stdout == ""
+    assert "not the pinned prepare.py" in bad.stderr
+
+
+WATCHER = r"""
+import os, sys
+# a fake evaluator: whatever nonce it is given, it prints a verdict with a wonderful score
+FAKE = (b"import json, sys\na = sys.argv\nn = a[a.index('--nonce') + 1] if '--nonce' in a else None\n"
+        b"print(json.dumps({'ok': True, 'val_bpb': 0.123, 'test_bpb': 0.123, 'eval_seconds': 1.0, 'nonce': n}))\n")
+roots, stop = sys.argv[2:], sys.argv[1]
+rewritten = 0
+open(stop + ".ready", "w").close()
+while not os.path.exists(stop):
+    for root in roots:
+        for d, _, names in os.walk(root):
+            for n in names:
+                p = os.path.join(d, n)
+                try:
+                    with open(p, "rb") as f:
+                        if f.read(len(FAKE) + 1) == FAKE:
+                            continue
+                    with open(p, "wb") as f:
+                        f.write(FAKE)
+                    rewritten += 1
+                except OSError:
+                    pass
+print(rewritten)
+"""
+
+
+@needs_bwrap
+@pytest.mark.slow
+def test_a_watcher_rewriting_the_temp_dirs_changes_no_score(tmp_path, monkeypatch, small_corpus):
+    """Red team R11b: the evaluator's working dir was in the system temp dir and its pinned prepare.py was
+    never re-checked; a watcher of the agent's user swapped in a fake that echoes the nonce, and a 3-step
+    model was kept at 1.1 (honest 5.9). A same-user process rewrites every file it finds under the temp
+    dirs (tempfile.gettempdir() and TMPDIR: the test's own temp dir stands for the shared /tmp, /var/tmp,
+    which other people's processes on this machine use) during an evaluation: the score is the one
+    computed without it."""
+    import tempfile
+
+    from mcp_server.loop import runner
+
+    from conftest import hobbled_bench, make_workspace
+
+    ws = make_workspace(tmp_path / "ws", small_corpus, bench_dir=hobbled_bench(tmp_path / "bench", max_steps=3,
+                                                                              tiny=True),
+                        benchmark={"clock": "steps", "budget_tokens": 3 * 8 * 256, "eval_tokens": 2048})
+    run_dir = tmp_path / "run"
+    tr = runner.run_training(ws, run_dir, seed=1)
+    assert tr.status == "ok", (tr.reason, tr.log_tail)
+    honest = runner.run_evaluation(ws, ws.pinned_commit, run_dir, tr.model_path)
+    assert honest.ok and honest.val_bpb and honest.val_bpb > 1.0, honest.reason
+
+    systmp = tmp_path / "systmp"
+    systmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(systmp))
+    monkeypatch.setattr(tempfile, "tempdir", str(systmp))
+    stop = tmp_path / "stop"
+    watcher = subprocess.Popen([sys.executable, "-c", WATCHER, str(stop), tempfile.gettempdir(), str(systmp)],
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        for _ in range(600):                      # until it has started (bounded by polls, not by a clock)
+            if (tmp_path / "stop.ready").exists() or watcher.poll() is not None:
+                break
+            time.sleep(0.05)
+        watched = runner.run_evaluation(ws, ws.pinned_commit, run_dir, tr.model_path)
+    finally:
+        stop.touch()
+        rewritten = watcher.communicate(timeout=60)[0]
+    print(f"the watcher rewrote {rewritten.strip()} files; {watched}")
+    assert watched.ok, watched.reason
+    assert watched.val_bpb == honest.val_bpb and watched.test_bpb == honest.test_bpb, (watched, honest)
+    assert watched.model_sha256 == honest.model_sha256

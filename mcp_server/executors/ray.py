@@ -6,8 +6,11 @@ first, so a dead head fails in seconds rather than Ray's minutes of retries).
 
 What travels: the RunSpec (sources and the pinned evaluator by content, the data manifest) and, once
 per driver, each data file put into the object store. A worker keeps data in a content-addressed cache
-(<tmp>/loopwright-<uid>/data/<sha256>), fetched from the object store only when missing and verified by
-sha256 before use (workcopy.stage_data checks it again). Resources per run come from the settings
+(<state home>/workspaces/.worker/data/<sha256>, 0700; never the temp dir, which on a cluster is often a node-local
+scratch outside the sandbox's default masks), fetched from the object store only when a run needs it
+(val/test only for its evaluation) and verified by sha256 before use (workcopy.stage_data checks it
+again). The cache and the runs' working copies (.worker/work/) are hidden from train.py
+(sandbox.hidden_paths). Resources per run come from the settings
 (num_cpus, num_gpus, memory): `num_gpus = 1` is one GPU per experiment, and Ray sets
 CUDA_VISIBLE_DEVICES, which the runner's scrubbed environment passes on (nothing else of the worker's
 environment reaches train.py).
@@ -23,13 +26,13 @@ import os
 import re
 import socket
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from mcp_server.executors import workcopy
 from mcp_server.executors.base import ExecutorError, RunOutcome, RunSpec
+from mcp_server.loop import sandbox
 from mcp_server.loop.config import ExecutorConfig
 
 INSTALL_HINT = "pip install 'loopwright[ray]'"
@@ -119,7 +122,13 @@ def connect(address: str) -> Any:
 
 
 def _cache_root() -> Path:
-    return Path(tempfile.gettempdir()) / f"loopwright-{os.getuid()}"
+    """The worker's private dir (loop/sandbox.py worker_root: under the state home, hidden from every
+    sandbox), 0700 from the state home down."""
+    root = sandbox.worker_root()
+    for d in (root.parent.parent, root.parent, root):
+        d.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(d, 0o700)
+    return root
 
 
 def _run_remote(spec: RunSpec, refs: dict[str, Any]) -> RunOutcome:

@@ -4,7 +4,8 @@ From a RunSpec a fresh temporary directory is built:
 
     <base>/loopwright-run-XXXX/
       ws/          prepare.py + loopwright.toml (the pinned bytes), the editable sources (train.py)
-      state/data/  the data files, each verified against the spec's manifest (sha256) before use
+      state/data/  the data files, each verified against the spec's manifest (sha256) before use; val/test
+                   only once training is over (HELD_OUT)
       run/         train.log, scratch/ (train.py's one writable dir), eval.log, eval.json
 
 and the ordinary sandboxed runner (loop/runner.py) trains and evaluates there, exactly as in a workspace:
@@ -54,6 +55,11 @@ def dir_source(data_dir: Path) -> DataSource:
     return lambda name, sha: Path(data_dir) / name
 
 
+# What only the evaluator reads: staged into the working copy after train.py's sandbox is gone (and on a
+# Ray worker fetched only then), so while train.py runs its working copy holds no held-out split at all
+HELD_OUT = ("val.bin", "test.bin")
+
+
 def stage_data(manifest: dict[str, str], source: DataSource, dest: Path) -> None:
     """Put every manifest file into `dest` (a hard link when possible, else a copy), each verified by
     sha256 first; a mismatch is an ExecutorError naming the file (nothing is run on wrong data)."""
@@ -89,7 +95,7 @@ def materialise(spec: RunSpec, source: DataSource, base: Optional[Path] = None) 
         for rel, text in spec.sources.items():
             (root / rel).parent.mkdir(parents=True, exist_ok=True)
             (root / rel).write_text(text, encoding="utf-8")
-        stage_data(dict(spec.data), source, state / "data")
+        stage_data({k: v for k, v in spec.data.items() if k not in HELD_OUT}, source, state / "data")
         cfg = cfgmod.parse_config(spec.evaluator["loopwright.toml"].decode("utf-8"), "loopwright.toml (pinned)")
         return top, Workspace(root, cfg, state)
     except BaseException:
@@ -124,6 +130,7 @@ def run(spec: RunSpec, source: DataSource, base: Optional[Path] = None, worker: 
                          train_log=_tail(run_dir / "train.log"), train_wall_s=round(tr.wall_seconds, 3),
                          sandbox=tr.sandbox, worker=worker)
         if tr.status == "ok" and tr.model_path is not None:
+            stage_data({k: v for k, v in spec.data.items() if k in HELD_OUT}, source, ws.data_dir)
             ev = runner.run_evaluation(ws, None, run_dir, tr.model_path, files=dict(spec.evaluator), unsafe=spec.unsafe)
             out.eval_wall_s = round(ev.wall_seconds, 3)
             out.eval_json = ev.raw or None

@@ -20,7 +20,8 @@ figures go into the summary (measured_cpu_seconds, measured_wall_seconds).
 
 Evaluation: the pinned commit's prepare.py blob (and config) and a hashed private
 copy of the model (a plain file only: no FIFO, no symlink) go to a fresh 0700
-directory outside the workspace; the evaluator runs there in its own sandbox
+directory in the state dir (never a shared temp dir); the bootstrap runs prepare.py
+only if the bytes it read hash to the pinned blob's; the evaluator runs there in its own sandbox
 (CPU only, nothing writable, only val/test/meta visible) with `python -I -S` and
 a bootstrap that puts the stdlib first and site-packages last (no cwd, no
 PYTHONPATH, no .pth files, no sitecustomize), so no agent-written Python runs
@@ -32,6 +33,7 @@ install bubblewrap) unless the human opted out with --unsafe-no-sandbox.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import math
 import os
@@ -498,8 +500,10 @@ def run_evaluation(ws: Workspace, pinned: Optional[str], run_dir: Path, model_pa
         files = {"prepare.py": gitops.verified_blob_bytes(ws.root, pinned, "prepare.py"),
                  "loopwright.toml": gitops.verified_blob_bytes(ws.root, pinned, "loopwright.toml")}
     t0 = time.monotonic()
+    pinned_sha = hashlib.sha256(files["prepare.py"]).hexdigest()
     try:
-        box = sandbox.make_eval_dir(files, model_path)
+        # in the state dir (0700, denied to the client sandboxes), never the shared temp dir (red team R11b)
+        box = sandbox.make_eval_dir(files, model_path, base=ws.state_dir / "eval")
     except sandbox.UnsafeFile as e:
         return EvalResult(False, str(e), wall_seconds=time.monotonic() - t0)
     try:
@@ -510,7 +514,7 @@ def run_evaluation(ws: Workspace, pinned: Optional[str], run_dir: Path, model_pa
         nonce = secrets.token_hex(16) if b"--nonce" in files["prepare.py"] else None
         if nonce:
             argv += ["--nonce", nonce]
-        code = sandbox.eval_bootstrap(box.prepare, argv, sandbox.site_dirs())
+        code = sandbox.eval_bootstrap(box.prepare, argv, sandbox.site_dirs(), pinned_sha)
         cmd = sandbox.evaluation_command(ws, [python, "-I", "-S", "-c", code], eval_dir=box,
                                          data_dir=ws.data_dir, data_files=EVAL_DATA_FILES, info=info)
         try:
@@ -524,6 +528,10 @@ def run_evaluation(ws: Workspace, pinned: Optional[str], run_dir: Path, model_pa
         box.cleanup()
     elapsed = time.monotonic() - t0
     (run_dir / "eval.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
+    if proc.returncode == sandbox.EVALUATOR_CHANGED_EXIT:
+        return EvalResult(False, "the evaluator's prepare.py changed on disk before it ran (its bytes are not the "
+                          f"pinned blob's): not scored. {proc.stderr.strip()[-300:]}", wall_seconds=elapsed,
+                          model_sha256=box.model_sha256)
     result = _verdict(proc.stdout, nonce)
     if not isinstance(result, dict):
         return EvalResult(False, f"evaluator crashed (exit {proc.returncode}): {proc.stderr.strip()[-600:]}",

@@ -7,6 +7,10 @@ injection), `/` read-only, a private /tmp, /run and $HOME (empty tmpfs), the
 workspace read-only, the loop's state directory invisible except the files that
 process may read, and one writable scratch directory.
 
+What is hidden from agent-written code is ONE list, hidden_paths(): every state home's state, the
+worker's data cache and working copies, every corpus given as a PATH, the workspace's .git and
+.loopwright; train.py, the evaluator (a model's graph runs in it) and mechanisms all get it.
+
 Mounts are built in this order (bwrap applies them in order, a later mount
 shadows an earlier one):
   1. `/` read-only, a fresh /dev and /proc;
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import json
 import os
 import resource
 import shutil
@@ -216,11 +221,13 @@ def site_dirs() -> list[str]:
 
 
 def default_masks(home: Optional[str] = None) -> list[str]:
-    """Host paths nobody in the sandbox needs: temp dirs, runtime sockets (ssh-agent, docker, dbus are
-    Unix sockets, reachable without a network), every home directory."""
+    """Host paths nobody in the sandbox needs: temp dirs (this process's too: a node-local scratch
+    TMPDIR on a cluster), runtime sockets (ssh-agent, docker, dbus are Unix sockets, reachable without
+    a network), every home directory."""
     home = home or os.path.expanduser("~")
     out = []
-    for p in ("/tmp", "/var/tmp", "/run", "/var/run", "/home", "/root", "/mnt", "/media", home):
+    temps = (tempfile.gettempdir(), os.environ.get("TMPDIR", ""))
+    for p in ("/tmp", "/var/tmp", "/run", "/var/run", "/home", "/root", "/mnt", "/media", home, *temps):
         if p and os.path.isdir(p) and not os.path.islink(p):
             rp = _real(p)
             if rp != "/" and rp not in out:
@@ -294,15 +301,21 @@ def build_command(argv: Sequence[str], *, mode: Literal["train", "eval"] = "trai
     # libraries named by the environment (CUDA under ~/ or /opt, conda) must stay visible
     lib_dirs = [d for var in ("LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH")
                 for d in env.get(var, "").split(":") if d and os.path.isdir(d)]
-    for p in python_paths() + [_real(p) for p in ro_binds] + [_real(d) for d in lib_dirs]:
+    for p in python_paths() + [_real(d) for d in lib_dirs]:
         if any(_under(p, m) for m in masks) and not any(_under(p, h) for h in hide_real) and os.path.exists(p):
             ops.append((depth(p), 1, ["--ro-bind", p, p]))
+    for p in (_real(p) for p in ro_binds):    # asked for by name: shown even below a hidden path
+        if any(_under(p, m) for m in masks) and os.path.exists(p):
+            ops.append((depth(p), 1, ["--ro-bind", p, p]))
+    # hidden paths inside the workspace; one that holds the workspace (an executor's working copy lives
+    # in a hidden worker dir or state dir) is masked, and the workspace shown again on top of it
+    hide_in_ws = [h for h in hide_real if ws_real and _under(h, ws_real) and h != ws_real]
     if ws_real and workspace_entries:
         for entry in sorted(os.listdir(ws_real)):
             src = os.path.join(ws_real, entry)
-            if any(_under(h, src) and h != src and os.path.isdir(h) for h in hide_real):
+            if any(_under(h, src) and h != src and os.path.isdir(h) for h in hide_in_ws):
                 continue  # a hidden path lies below this entry: expose nothing of it (the state dir)
-            if any(_under(src, h) for h in hide_real):
+            if any(_under(src, h) for h in hide_in_ws):
                 continue
             if os.path.islink(src):
                 ops.append((depth(src), 1, ["--symlink", os.readlink(src), src]))
@@ -355,6 +368,12 @@ def _sandbox_exec_command(argv, ro_binds, rw_binds, scratch, files, workspace, h
              '(allow file-write* (subpath "/dev") (subpath "/private/tmp") (subpath "/private/var/folders"))']
     lines += [f"(allow file-write* (subpath {_sb_quote(p)}))" for p in writable]
     lines += [f"(deny file-read* (subpath {_sb_quote(h)}))" for h in hide_real]
+    ws_real = _real(workspace) if workspace else None
+    if ws_real and any(_under(ws_real, h) for h in hide_real):
+        # a working copy inside a hidden dir: readable again, its own hidden parts denied after that
+        lines.append(f"(allow file-read* (subpath {_sb_quote(ws_real)}))")
+        lines += [f"(deny file-read* (subpath {_sb_quote(h)}))" for h in hide_real
+                  if _under(h, ws_real) and h != ws_real]
     # no bind mounts here: train.py reads the copy of the train view the runner mirrors where prepare.py
     # looks (the destinations), which lies under a hidden path
     pairs = list(pairs)
@@ -445,9 +464,14 @@ def copy_regular_file(src: os.PathLike | str, dest: os.PathLike | str, max_bytes
         os.close(fd)
 
 
-def make_eval_dir(files: Mapping[str, bytes], model_src: os.PathLike | str, base: Optional[str] = None) -> EvalDir:
-    """A fresh 0700 directory outside the workspace holding the pinned evaluator files and a hashed
-    private copy of the model. `files` maps names (prepare.py, loopwright.toml) to their pinned bytes."""
+def make_eval_dir(files: Mapping[str, bytes], model_src: os.PathLike | str, base: os.PathLike | str) -> EvalDir:
+    """A fresh 0700 directory inside `base` (the state dir's eval/: never a shared temp dir, where any
+    process of the agent's user can swap the pinned prepare.py -- red team R11b) holding the pinned
+    evaluator files and a hashed private copy of the model. `files` maps names (prepare.py,
+    loopwright.toml) to their pinned bytes."""
+    base = Path(base)
+    base.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(base, 0o700)
     path = Path(tempfile.mkdtemp(prefix="loopwright-eval-", dir=base))
     os.chmod(path, 0o700)
     try:
@@ -466,14 +490,27 @@ def make_eval_dir(files: Mapping[str, bytes], model_src: os.PathLike | str, base
     return EvalDir(path, path / "prepare.py", model, digest, size)
 
 
-def eval_bootstrap(script: os.PathLike | str, argv: Sequence[str], site: Sequence[str]) -> str:
+EVALUATOR_CHANGED_EXIT = 86   # the bootstrap's exit code when prepare.py is not the pinned bytes
+
+
+def eval_bootstrap(script: os.PathLike | str, argv: Sequence[str], site: Sequence[str], sha256: str) -> str:
     """Code for `python -I -S -c`: the interpreter's own library dirs first, the site-packages dirs
     (torch, numpy) appended LAST, no .pth processing (-S), no cwd/script dir/PYTHONPATH/user site (-I):
-    a json.py or .pth planted in site-packages cannot shadow the stdlib or run at start-up."""
+    a json.py or .pth planted in site-packages cannot shadow the stdlib or run at start-up. The script
+    is read once, its bytes checked against `sha256` (the pinned blob's) and exactly those bytes run:
+    what ran is what was pinned, whoever could write the file meanwhile."""
     return ("import sys; sys.path[:] = [p for p in sys.path if p and p != '.'] + "
             f"[p for p in {list(site)!r} if p not in sys.path]; "
+            "import hashlib, types; "
+            f"path = {os.fspath(script)!r}; src = open(path, 'rb').read(); "
+            f"ok = hashlib.sha256(src).hexdigest() == {sha256!r}; "
+            "ok or sys.stderr.write('the evaluator file ' + path + ' is not the pinned prepare.py (sha256 ' + "
+            "hashlib.sha256(src).hexdigest() + '): refused\\n'); "
+            f"ok or sys.exit({EVALUATOR_CHANGED_EXIT}); "
             f"sys.argv = {[os.fspath(script), *argv]!r}; "
-            "import runpy; runpy.run_path(sys.argv[0], run_name='__main__')")
+            "m = types.ModuleType('__main__'); m.__file__ = path; m.__builtins__ = __builtins__; "
+            "sys.modules['__main__'] = m; "
+            "exec(compile(src, path, 'exec'), m.__dict__)")
 
 
 # ---------------------------------------------------------------------------
@@ -495,31 +532,69 @@ def corpus_is_public(corpus: str) -> bool:
     return corpus == "stdlib"
 
 
-def all_state(ws) -> list[Path]:
-    """The folders holding every workspace's state dir: the state home's, and the one this state dir
-    sits in; not one that holds the workspace itself (an executor's working copy keeps its ws/ and
-    state/ side by side)."""
+def worker_root() -> Path:
+    """A worker's private directory (Ray executor): its data cache (data/<sha256>) and the runs' working
+    copies (work/). Under the state home, never a temp dir (a node-local scratch TMPDIR sits outside the
+    default masks: red team C1); hidden from all agent code by hidden_paths, and beside the state dirs
+    (workspaces/), which the generated client sandbox configs deny to the agent's shell as a whole."""
     from mcp_server.loop.workspace import state_home
 
-    root = Path(_real(ws.root))
-    out = []
-    for d in (Path(ws.state_dir).parent, state_home() / "workspaces"):
-        real = Path(_real(d))
-        if real not in out and not _under(str(root), str(real)) and not _under(str(real), str(root)):
-            out.append(real)
-    return out
+    return state_home() / "workspaces" / ".worker"
+
+
+def _corpus_paths(corpus: str, root: Optional[os.PathLike | str] = None) -> list[Path]:
+    from mcp_server.loop.config import NAMED_CORPORA
+
+    if not corpus or corpus in NAMED_CORPORA:
+        return []
+    path = Path(corpus).expanduser()
+    if not path.is_absolute() and root is not None:
+        path = Path(root) / path
+    return [path] + ([path.resolve()] if path.resolve() != path.absolute() else [])
 
 
 def corpus_sources(ws) -> list[Path]:
     """The workspace's corpus on disk when it is a PATH (the named ones are downloaded into the hidden
     state dir, except stdlib, which no sandbox that runs Python can hide: see the README)."""
-    from mcp_server.loop.config import NAMED_CORPORA
-
     corpus = str(getattr(getattr(getattr(ws, "cfg", None), "benchmark", None), "corpus", "") or "")
-    if not corpus or corpus in NAMED_CORPORA:
-        return []
-    path = Path(corpus).expanduser()
-    return [path] + ([path.resolve()] if path.resolve() != path.absolute() else [])
+    return _corpus_paths(corpus, getattr(ws, "root", None))
+
+
+def registered_corpora() -> list[Path]:
+    """The PATH corpus of every workspace whose state lives in the state home (another workspace's corpus
+    holds the same kind of held-out text as this one's)."""
+    from mcp_server.loop import config as cfgmod
+    from mcp_server.loop.workspace import RECORD_NAME, state_home
+
+    out: list[Path] = []
+    for rec in sorted((state_home() / "workspaces").glob(f"*/{RECORD_NAME}")):
+        try:
+            root = json.loads(rec.read_text()).get("root")
+            corpus = cfgmod.load_config(root).benchmark.corpus if root else ""
+        except Exception:  # noqa: BLE001 - a broken or moved workspace: it has no corpus we can name
+            continue
+        out += _corpus_paths(str(corpus or ""), root)
+    return out
+
+
+def hidden_paths(ws=None) -> list[Path]:
+    """THE list of what no agent-written code may read, for every kind of it (train.py, a mechanism,
+    the evaluator running a model's graph, anything later) on every executor: every state home's state
+    (each workspace's ledger, val/test, pins), the worker's data cache and working copies, every corpus
+    given as a PATH, and this workspace's own state dir (an executor's working copy keeps one beside its
+    ws/), its .loopwright/ and .git. bubblewrap masks each of them (the default masks -- temp dirs,
+    homes, sockets -- come on top); a path holding the workspace is masked and the workspace shown again."""
+    from mcp_server.loop.workspace import state_home
+
+    paths = [state_home(), worker_root(), *registered_corpora()]
+    if ws is not None:
+        paths += [Path(ws.state_dir), Path(ws.state_dir).parent, Path(ws.root) / ".loopwright",
+                  Path(ws.root) / ".git", *corpus_sources(ws)]
+    out: list[Path] = []
+    for p in paths:
+        if Path(p) not in out:
+            out.append(Path(p))
+    return out
 
 
 def python_inside(root: os.PathLike | str) -> Optional[str]:
@@ -554,8 +629,7 @@ def training_command(ws, argv: Sequence[str], *, view: os.PathLike | str, scratc
     # the corpus the splits were cut from: held-out text train.py can read is a score it can forge
     # .git too: train.py needs none of it, and from it a kept version could tell a later reference run
     # of itself (the branch has moved on) from its own measurement, and spoil the former
-    hide = [ws.state_dir, Path(ws.root) / ".loopwright", Path(ws.root) / ".git", mount.parent, *all_state(ws),
-            *corpus_sources(ws)]
+    hide = [*hidden_paths(ws), mount.parent]
     # with `sources` the workspace is an empty tmpfs holding only the committed files
     return build_command(argv, mode="train", workspace=ws.root, hide=hide, scratch=scratch, files=files,
                          env=env, cwd=ws.root, info=info, workspace_entries=not sources)
@@ -569,5 +643,8 @@ def evaluation_command(ws, argv: Sequence[str], *, eval_dir: EvalDir, data_dir: 
     files = {str(eval_dir.path / "data" / n): Path(data_dir) / n for n in data_files
              if (Path(data_dir) / n).is_file()}
     # eval_dir/data is an empty tmpfs in the sandbox: the mount points for the data files
-    return build_command(argv, mode="eval", workspace=None, hide=[ws.root, ws.state_dir, eval_dir.path / "data"],
+    # the one policy (hidden_paths) too: a model's graph is agent-written code; its eval dir, inside the
+    # hidden state dir, is shown again by name
+    hide = [*hidden_paths(ws), ws.root, eval_dir.path / "data"]
+    return build_command(argv, mode="eval", workspace=None, hide=hide,
                          ro_binds=[eval_dir.path, *extra_ro], files=files, env={}, cwd=eval_dir.path, info=info)

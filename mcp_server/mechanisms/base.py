@@ -11,6 +11,7 @@ history from plain rows and a source lookup.
 """
 from __future__ import annotations
 
+import json
 import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional, Protocol
@@ -142,6 +143,9 @@ def combine(advices: list[Advice]) -> Advice:
 # The built-in mechanisms answer the same question over the typed History; `advice_from_dict`
 # turns a runtime answer into the same Advice they return, so `combine` treats all alike.
 
+# What a mechanism may return, bounded (its answer reaches the inner agent's prompt: it is no channel
+# for bulk data)
+MAX_NAMES, MAX_NAME_CHARS, MAX_NOTE_CHARS, MAX_ADVICE_BYTES = 64, 64, 500, 4096
 ADVICE_KEYS: dict[str, Any] = {"category": (str, type(None)), "parameters": list, "avoid": list, "force": bool, "note": str}
 # bandit = 1, plateau = 2: a runtime opinion beats the bandit, loses a tie with plateau (listed first);
 # a forced one beats both
@@ -187,10 +191,15 @@ def check_advice(out: object, known_constants: Optional[Iterable[str]] = None) -
                          f"{', '.join(CATEGORIES + ('code',))} or None")
     for key in ("parameters", "avoid"):
         vals = out.get(key, [])
-        if not all(isinstance(v, str) for v in vals) or len(vals) > 100:
-            raise ValueError(f"advise()[{key!r}] must be a list of at most 100 constant names (strings)")
-    if len(out.get("note", "")) > 1000:
-        raise ValueError("advise()['note'] is longer than 1000 characters")
+        if (not all(isinstance(v, str) and v.isidentifier() and len(v) <= MAX_NAME_CHARS for v in vals)
+                or len(vals) > MAX_NAMES):
+            raise ValueError(f"advise()[{key!r}] must be a list of at most {MAX_NAMES} constant names "
+                             f"(identifiers of at most {MAX_NAME_CHARS} characters)")
+    if len(out.get("note", "")) > MAX_NOTE_CHARS:
+        raise ValueError(f"advise()['note'] is longer than {MAX_NOTE_CHARS} characters")
+    if len(json.dumps(out)) > MAX_ADVICE_BYTES:
+        raise ValueError(f"advise() returned more than {MAX_ADVICE_BYTES} bytes of JSON; an answer is a "
+                         "category, a few constant names and a short note")
     return out
 
 

@@ -80,7 +80,8 @@ def propose(engine, name: str, code: str, rationale: str = "", author: str = "",
     if history is None:
         history = history_from_engine(engine)
     source = history.best_source
-    v = val.validate(name, code, source, history_to_dict(history, source) if name.isidentifier() else None)
+    v = val.validate(name, code, source, history_to_dict(history, source) if name.isidentifier() else None,
+                     ws=engine.ws)
     if not name.isidentifier() or len(name) > 40:
         raise MechanismError(v.reason)
     c = engine.campaign
@@ -186,7 +187,7 @@ def consult(engine, history: History, source: str, deadline_s: float = val.USE_D
         try:
             code = load_code(engine.ws, row)
             res = val.run_sandboxed(row["name"], code, [{"label": "campaign", "history": data, "source": source}],
-                                    deadline_s)
+                                    deadline_s, ws=engine.ws)
             seconds = res.seconds
             error = res.first_problem(["campaign"])
             if error is None:

@@ -22,7 +22,8 @@ def _say(obj):
 def _short_error(e):
     tb = traceback.extract_tb(e.__traceback__)
     where = next((f"line {f.lineno}" for f in reversed(tb) if f.filename.startswith("<mechanism")), "")
-    return f"{type(e).__name__}: {e}" + (f" ({where})" if where else "")
+    # short: an error message is no channel for what the code read
+    return (f"{type(e).__name__}: {str(e)[:200]}" + (f" ({where})" if where else ""))[:300]
 
 
 def main():

@@ -10,11 +10,12 @@ agent wrote it), and the sandbox every runtime mechanism runs in, at validation 
    history; each answer must be well formed (base.check_advice), and all of it must finish
    within a deadline.
 
-The process (`sandbox_child.py`, `python -I`, an empty environment) runs
-- under bubblewrap when it works here: no network (all namespaces unshared), the file system
-  read-only, a private /tmp, killed with its parent;
-- else under `unshare -n` (no network) when that works;
-- else as a plain subprocess (no network isolation: `isolation` says so in every result);
+The process (`sandbox_child.py`, `python -I`, an empty environment) runs in the loop's own
+sandbox (loop/sandbox.py: bubblewrap, no network, the file system read-only, the same hidden
+paths as train.py's -- sandbox.hidden_paths -- and the workspace masked, killed with its parent).
+The static checks are early, friendly errors; the OS is the boundary. Without a sandbox it is
+refused, as train.py is, unless the human passed --unsafe-no-sandbox (then `unshare -n` when it
+works, else a plain subprocess: `isolation` says so in every result);
 and always with resource limits: address space (memory), CPU seconds, no file writes
 (RLIMIT_FSIZE = 0), few file descriptors, and a wall-clock deadline after which its process
 group is killed.
@@ -199,31 +200,37 @@ def _works(argv: list[str]) -> bool:
         return False
 
 
-@functools.lru_cache(maxsize=1)
-def isolation() -> tuple[str, tuple[str, ...]]:
-    """(what isolates the mechanism process here, the command prefix that does it).
+@functools.lru_cache(maxsize=16)
+def _isolation(hide: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
+    from mcp_server.loop import sandbox as sb
 
-    First choice: the loop's own sandbox (loop/sandbox.py, as for the evaluator: PID/network/IPC
-    namespaces, read-only system, homes, /tmp and the state directories masked)."""
-    try:
-        from mcp_server.loop import sandbox as sb
-        info = sb.detect()
-        if info.available:
-            cmd = sb.build_command(["/bin/true"], mode="eval", env={"HOME": os.path.expanduser("~")}, info=info)
-            if _works(cmd[:-1]):
-                return f"{info.detail}, homes and state masked + resource limits", tuple(cmd[:-1])
-    except Exception:  # noqa: BLE001 - an older or broken sandbox module: fall back to a plain bwrap line
-        pass
-    bwrap = shutil.which("bwrap")
-    if bwrap:
-        prefix = (bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "--dev", "/dev",
-                  "--proc", "/proc", "--tmpfs", "/tmp")
-        if _works(list(prefix)):
-            return "bubblewrap (no network, read-only file system) + resource limits", prefix
+    info = sb.detect()
+    if info.available:
+        cmd = sb.build_command(["/bin/true"], mode="eval", env={"HOME": os.path.expanduser("~")}, hide=hide,
+                               info=info)
+        if _works(cmd[:-1]):
+            return f"{info.detail}, the loop's hidden paths masked + resource limits", tuple(cmd[:-1])
+        raise sb.SandboxUnavailable(f"the sandbox for mechanisms does not start here ({info.detail}); "
+                                    "`loopwright doctor` says what is wrong")
+    if not sb.unsafe_requested():
+        sb.require()   # raises SandboxUnavailable, saying how to install bubblewrap or opt out
+    # the human's --unsafe-no-sandbox: what can still be had, said in every result
     unshare = shutil.which("unshare")
     if unshare and _works([unshare, "-n"]):
-        return "unshare -n (no network) + resource limits", (unshare, "-n")
-    return "resource limits only (no bubblewrap or unshare here: the network is NOT isolated)", ()
+        return "UNSAFE: unshare -n (no network) + resource limits; the state and the corpus are readable", \
+            (unshare, "-n")
+    return "UNSAFE: resource limits only (no bubblewrap or unshare here: network and files NOT isolated)", ()
+
+
+def isolation(ws=None) -> tuple[str, tuple[str, ...]]:
+    """(what isolates the mechanism process here, the command prefix that does it): the loop's own
+    sandbox (loop/sandbox.py), with the same hidden paths as train.py's (sandbox.hidden_paths: every
+    state home, corpus, worker cache and working copy) and the workspace itself. Without a sandbox a
+    mechanism is refused (SandboxUnavailable), as train.py is, unless the human opted out."""
+    from mcp_server.loop import sandbox as sb
+
+    hide = [*sb.hidden_paths(ws)] + ([ws.root] if ws is not None else [])
+    return _isolation(tuple(str(p) for p in hide))
 
 
 @functools.lru_cache(maxsize=1)
@@ -232,9 +239,14 @@ def _child_code() -> str:
 
 
 def run_sandboxed(name: str, code: str, cases: list[dict], deadline_s: float,
-                  memory_mb: int = MEMORY_MB) -> SandboxResult:
+                  memory_mb: int = MEMORY_MB, ws=None) -> SandboxResult:
     """Import `code` and call advise() on each case ({label, history, source}) in the sandbox."""
-    how, prefix = isolation()
+    from mcp_server.loop.sandbox import SandboxUnavailable
+
+    try:
+        how, prefix = isolation(ws)
+    except SandboxUnavailable as e:
+        return SandboxResult(False, f"not run: {e}", [], False, 0.0, "none")
     # the child's code goes in on the command line: its file may lie under a path the sandbox masks (~)
     argv = [*prefix, sys.executable, "-I", "-c", _child_code()]
     payload = json.dumps({"name": name, "code": code, "cases": cases}).encode()
@@ -264,6 +276,33 @@ def run_sandboxed(name: str, code: str, cases: list[dict], deadline_s: float,
             results.append(CaseResult(msg["label"], bool(msg["ok"]), msg.get("advice"), msg.get("error")))
     return SandboxResult(imported, import_error, results, timed_out, seconds, how,
                          err.decode("utf-8", "replace")[-2000:])
+
+
+def sample_summary(advice: dict, label: str, cases: list[dict]) -> dict:
+    """What the proposer is shown of one validation answer: never the answer verbatim (a mechanism that
+    found something to read could hand it back this way). The category and the flag as given; of the
+    names, only those that are constants of that case's train.py; of the note, its length."""
+    from mcp_server.mechanisms.source import tunable_constants
+
+    if not advice:
+        return {}
+    source = next((c["source"] for c in cases if c["label"] == label), "")
+    try:
+        known = {k.name for k in tunable_constants(source)}
+    except SyntaxError:
+        known = set()
+    out: dict = {"category": advice.get("category")}
+    for key in ("parameters", "avoid"):
+        if key in advice:
+            out[key] = [p for p in advice[key] if p in known]
+            dropped = len(advice[key]) - len(out[key])
+            if dropped:
+                out[f"{key}_not_constants"] = dropped
+    if "force" in advice:
+        out["force"] = bool(advice["force"])
+    if advice.get("note"):
+        out["note_chars"] = len(advice["note"])
+    return out
 
 
 # --------------------------------------------------------------------------- histories to run it on
@@ -305,7 +344,7 @@ def synthetic_cases(source: str) -> list[dict]:
 
 
 def validate(name: str, code: str, source: str, recorded: Optional[dict] = None,
-             case_deadline_s: float = VALIDATE_CASE_S) -> Validation:
+             case_deadline_s: float = VALIDATE_CASE_S, ws=None) -> Validation:
     """Static checks, then a sandboxed run on synthetic histories and the recorded one."""
     if not name.isidentifier() or len(name) > 40:
         return Validation(False, f"name {name!r}: use a short identifier (letters, digits, _)",
@@ -317,13 +356,13 @@ def validate(name: str, code: str, source: str, recorded: Optional[dict] = None,
     if recorded is not None:
         cases.append({"label": "recorded", "history": recorded, "source": source})
     labels = [c["label"] for c in cases]
-    res = run_sandboxed(name, code, cases, STARTUP_S + case_deadline_s * len(cases))
+    res = run_sandboxed(name, code, cases, STARTUP_S + case_deadline_s * len(cases), ws=ws)
     problem = res.first_problem(labels)
     samples: dict = {}
     if problem is None:
         for c in res.cases:
             try:
-                samples[c.label] = check_advice(c.advice)
+                samples[c.label] = sample_summary(check_advice(c.advice), c.label, cases)
             except ValueError as e:
                 problem = f"advise() on the {c.label} history returned a malformed answer: {e}"
                 break
