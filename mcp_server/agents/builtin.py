@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterable, Optional
 
 import anyio
 
+from mcp_server.loop.sandbox import UNSAFE_ENV
 from mcp_server.mechanisms.source import Constant, Value, all_constants, constant_values, skeleton, tunable_constants
 
 # ---------------------------------------------------------------------------
@@ -436,7 +437,9 @@ def server_params(workspace: Path):
     pkg_parent = str(Path(__file__).resolve().parent.parent.parent)
     env["PYTHONPATH"] = os.pathsep.join([pkg_parent] + ([os.environ["PYTHONPATH"]]
                                                          if os.environ.get("PYTHONPATH") else []))
-    for key in ("LOOPWRIGHT_HOME", "XDG_DATA_HOME"):   # where the state directory is (the SDK's env drops them)
+    # where the state directory is, and the human's sandbox opt-out (the demo without bubblewrap, `run
+    # --unsafe-no-sandbox`): the SDK's reduced environment drops them, and the server then refused every run
+    for key in ("LOOPWRIGHT_HOME", "XDG_DATA_HOME", UNSAFE_ENV):
         if os.environ.get(key):
             env[key] = os.environ[key]
     return StdioServerParameters(command=sys.executable,
