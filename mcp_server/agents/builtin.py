@@ -228,11 +228,13 @@ class Planner:
         return skeleton(source), tuple(sorted(constant_values(source).items()))
 
     def propose(self, source: str, category: Optional[str] = None,
-                preferred: Iterable[str] = (), busy: Iterable[str] = ()) -> Optional[Edit]:
+                preferred: Iterable[str] = (), busy: Iterable[str] = (), steered: bool = False) -> Optional[Edit]:
         """The next edit of `source` (the best train.py), or None when nothing untried is left.
 
-        Order of preference: repeat the last successful step; the constants a mechanism
-        suggested (in its order); constants of the suggested category; any constant at random.
+        Order of preference: the expert-first moves (unless `steered`); repeat the last successful
+        step; the constants a mechanism suggested (in its order); constants of the suggested category;
+        any constant at random. `steered`: a mechanism on trial gave this advice; its trial is decided
+        on these very experiments, so the expert moves wait until it is over.
         `busy`: constants with an edit still in flight (parallel proposals): left alone until its
         outcome is known, so in-flight candidates change different constants.
         """
@@ -244,7 +246,7 @@ class Planner:
             self.origin.setdefault(name, c.value)
         self.tried.add(self._key(source))
         constraints = divisibility_constraints(source)
-        for name, factor in self.expert:   # expert-first moves, once each
+        for name, factor in ([] if steered else self.expert):   # expert-first moves, once each
             if (name, factor) in self._expert_tried or name not in consts:
                 continue
             self._expert_tried.add((name, factor))
@@ -720,12 +722,13 @@ class BuiltinAgent:
     async def _next_edit(self, busy: Iterable[str] = ()) -> Optional[Edit]:
         for _ in range(12):
             source = self.train.read_text(encoding="utf-8")
-            category, preferred = None, []
+            category, preferred, steered = None, [], False
             if self.mechanisms:
                 sug = await self.call("suggest_next")
-                category, preferred = sug.get("category"), sug.get("parameters", [])
+                category, preferred = sug.get("category"), list(sug.get("parameters", []))
+                category, preferred, steered = _follow_trial(sug, category, preferred)
                 self.emit("suggestion", suggestion=sug)
-            edit = self.planner.propose(source, category, preferred, busy=busy)
+            edit = self.planner.propose(source, category, preferred, busy=busy, steered=steered)
             if edit is None:
                 return None
             self.train.write_text(edit.source, encoding="utf-8")
@@ -807,6 +810,18 @@ class BuiltinAgent:
                               progress=True)
         self.emit("confirm_end", result=res)
         return res["status"] == "ok"
+
+
+def _follow_trial(sug: dict, category: Optional[str], preferred: list[str]) -> tuple[Optional[str], list[str], bool]:
+    """(category, preferred, steered): a runtime mechanism on trial ('active') that advises a category or
+    constants steers the move from the first one on, ahead of the built-in advice (its trial window is
+    decided on these experiments)."""
+    active = [m for m in sug.get("mechanisms") or [] if m.get("status") == "active" and not m.get("error")
+              and (m.get("category") or m.get("parameters"))]
+    if not active:
+        return category, preferred, False
+    first = [p for m in active for p in m.get("parameters") or []]
+    return active[0].get("category") or category, list(dict.fromkeys(first + preferred)), True
 
 
 async def run_session(workspace: Path | str, n: Optional[int] = None, wall_seconds: Optional[float] = None,
