@@ -77,3 +77,38 @@ def test_without_bwrap_on_path_the_demo_and_unsafe_run_complete(tmp_path, small_
     import json
 
     assert {json.loads(r["metrics_json"])["sandboxed"] for r in rows} == {0}
+
+
+# --------------------------------------------------------------------------- capped by work, not wall time
+
+def test_the_demo_runs_its_four_experiments_however_little_wall_time_it_has(tmp_path, small_corpus):
+    """A busy machine made the 6-minute demo stop after its baseline with 0 experiments; the wall-clock cap now
+    stops only experiments after the first four. Here the allowance (0.6 s) is over before the baseline ends."""
+    from mcp_server.cli.demo import run_demo
+
+    from e2e_support import fast_workspace
+
+    root = fast_workspace(tmp_path, small_corpus, max_experiments=20)
+    out = io.StringIO()
+    res = run_demo(root, n=5, minutes=0.01, console=Console(file=out, width=300), live=False)
+    text = out.getvalue()
+    assert "plan: the baseline on 1 seed(s), then 5 experiment(s) of 1 training run(s) each: ~6 runs" in text
+    assert len(res.session.attempts) == 4, text[-2000:]
+    assert "session time budget" in res.session.stopped_because
+
+
+def test_a_demo_that_ran_no_experiment_says_so(tmp_path, small_corpus):
+    """No verdict about changes never tried: the budget here holds the baseline's run only."""
+    from mcp_server.cli.demo import run_demo
+
+    from e2e_support import fast_workspace
+
+    root = fast_workspace(tmp_path, small_corpus, max_experiments=1)
+    out = io.StringIO()
+    res = run_demo(root, n=4, console=Console(file=out, width=300), live=False)
+    text = out.getvalue()
+    assert res.session.attempts == []
+    assert "no experiment ran (stopped: budget: experiment budget spent (1/1)" in text
+    assert "no change cleared" not in text.lower()
+    report = (res.report_dir / "report.md").read_text()
+    assert "No experiment ran yet" in report and "No change cleared" not in report

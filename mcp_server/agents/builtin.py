@@ -480,6 +480,8 @@ class BuiltinAgent:
         self.durations: list[float] = []
         self.run_seconds: list[float] = []    # wall seconds per training run (+ evaluation), for the deadline
         self.deadline: Optional[float] = None   # monotonic: nothing starts that would end after it
+        self.min_experiments = 0    # ... once this many have run: the deadline never cuts a session below it
+        self.done = 0               # experiments of this session run (or submitted) so far
         self.flights: dict[int, _Flight] = {}
 
     def emit(self, event: str, /, **data: Any) -> None:
@@ -534,6 +536,7 @@ class BuiltinAgent:
         while True:
             if n is not None and done >= n:
                 return self._stop(f"ran the {n} experiment(s) asked for")
+            self.done = done
             edit = None
             try:
                 budget = await self.call("budget_check")
@@ -635,6 +638,7 @@ class BuiltinAgent:
                     break
                 if why is None:
                     submitted += 1
+                    self.done = submitted
             if not self.flights:
                 return self._stop(why or "no untried change of the tunable constants is left")
             await self._wait_for(list(self.flights), any_one=True)
@@ -797,7 +801,7 @@ class BuiltinAgent:
         confirm), that many runs at the recent time per run if that is longer: a candidate that starts a
         fresh seed set first re-measures the best on it, and early-stopped candidates (one run) must not
         make the estimate forget that (a demo once ran 378 s of its 360)."""
-        if self.deadline is None or not self.durations:
+        if self.deadline is None or not self.durations or self.done < self.min_experiments:
             return None
         need = statistics.median(self.durations[-5:])
         if runs and self.run_seconds:
@@ -827,13 +831,14 @@ def _follow_trial(sug: dict, category: Optional[str], preferred: list[str]) -> t
 async def run_session(workspace: Path | str, n: Optional[int] = None, wall_seconds: Optional[float] = None,
                       mechanisms: bool = True, seed: int = 0, observer: Optional[Observer] = None,
                       deadline: Optional[float] = None, planner: Optional[Planner] = None,
-                      parallel: Optional[int] = None) -> SessionResult:
+                      parallel: Optional[int] = None, min_experiments: int = 0) -> SessionResult:
     """One built-in agent session against `loopwright serve` over stdio.
 
     n: experiments to run (None: until budget_check says stop); wall_seconds / deadline (monotonic):
     no experiment starts that would not finish in time; seed: the planner's random choices; parallel:
     candidates in flight at once (1: run_experiment + score, one at a time; more: submit_experiment +
-    wait on the workspace's executor)."""
+    wait on the workspace's executor); min_experiments: the deadline stops nothing before this many have
+    run (the demo's floor: a busy machine takes longer, it does not show less)."""
     from mcp import Client
     from mcp.client.stdio import stdio_client
 
@@ -855,6 +860,7 @@ async def run_session(workspace: Path | str, n: Optional[int] = None, wall_secon
             async with Client(stdio_client(server_params(ws.root), errlog=errlog)) as client:
                 agent = BuiltinAgent(client, ws.root / ws.cfg.paths.editable[0], planner or Planner(seed),
                                      mechanisms, observer, parallel=parallel, asynchronous=asynchronous)
+                agent.min_experiments = min_experiments
                 reason = await agent.run(n, deadline)
                 final = (await agent.call("state_read", {"view": "summary"}))["summary"]
         except Exception as e:  # the client's task group wraps what went wrong: show the cause itself
