@@ -83,7 +83,8 @@ def test_without_bwrap_on_path_the_demo_and_unsafe_run_complete(tmp_path, small_
 
 def test_the_demo_runs_its_four_experiments_however_little_wall_time_it_has(tmp_path, small_corpus):
     """A busy machine made the 6-minute demo stop after its baseline with 0 experiments; the wall-clock cap now
-    stops only experiments after the first four. Here the allowance (0.6 s) is over before the baseline ends."""
+    stops only experiments after the first four. Here the allowance (0.6 s) is over before the baseline ends:
+    four experiments still run, the fifth does not."""
     from mcp_server.cli.demo import run_demo
 
     from e2e_support import fast_workspace
