@@ -137,6 +137,10 @@ def test_planner_tries_expert_moves_first_once_each():
     assert p.propose(TRAIN, preferred=["DEPTH"]).name == "DEPTH"   # then the climb's own order
     # a file without those constants falls straight through to the climb
     assert Planner(3).propose("N_LAYERS = 4\n").name == "N_LAYERS"
+    # a mechanism on trial steers from the first move; the expert moves wait (none is used up)
+    p = Planner(3)
+    assert p.propose(TRAIN, preferred=["BATCH_SIZE"], steered=True).name == "BATCH_SIZE"
+    assert p.propose(TRAIN, preferred=["BATCH_SIZE"]).name == names[0]
 
 
 def test_planner_follows_a_keep_and_drops_a_failed_direction():
@@ -282,9 +286,9 @@ class _Scripted(Planner):
         super().__init__(seed, expert=())
         self.order = list(order)
 
-    def propose(self, source, category=None, preferred=(), busy=()):
+    def propose(self, source, category=None, preferred=(), busy=(), steered=False):
         first = [self.order.pop(0)] if self.order else []
-        return super().propose(source, category, first + list(preferred), busy=busy)
+        return super().propose(source, category, first + list(preferred), busy=busy, steered=steered)
 
 
 async def _agent_session(ws, planner, n, mechanisms=True, deadline=None):
@@ -457,3 +461,30 @@ async def test_agent_stops_on_budget_and_deadline(tmp_path, small_corpus, monkey
     ws2 = make_workspace(tmp_path / "ws2", small_corpus)
     agent, reason, _ = await _agent_session(ws2, Planner(0), n=None, deadline=_time.monotonic() - 1)
     assert reason.startswith("session time budget") and agent.attempts == []
+
+
+STEER_BATCH = '''
+def advise(history, source):
+    """Always the batch size."""
+    return {"category": "batch", "parameters": ["BATCH_SIZE"], "note": "batch size only"}
+'''
+
+
+async def test_an_active_mechanism_steers_the_agent_from_its_first_move(tmp_path, small_corpus, monkeypatch):
+    """The trial of a mechanism is decided on the `window` experiments after its activation: the built-in
+    agent used to spend its first six moves on its expert list whatever the mechanism said."""
+    from mcp_server.loop.engine import Engine
+    from mcp_server.mechanisms import registry
+
+    _fake_runs(monkeypatch, lambda vals, seed: 2.0 + (seed % 3) * 1e-4)   # nothing helps: every move discarded
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    for name in ("prepare.py", "program.md"):
+        (bench / name).write_bytes((BENCH / name).read_bytes())
+    (bench / "train.py").write_text(TRAIN)
+    ws = make_workspace(tmp_path / "ws", small_corpus, bench_dir=bench)
+    with Engine(ws.root, recover=False) as eng:
+        assert registry.propose(eng, "batch", STEER_BATCH, "test").valid
+        registry.activate(eng, "batch", window=3)
+    agent, _, events = await _agent_session(ws, Planner(0), n=3)
+    assert [a.description.split()[0] for a in agent.attempts] == ["BATCH_SIZE"] * 3

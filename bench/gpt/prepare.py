@@ -135,6 +135,7 @@ CPU_WALL_FACTOR = 4.0       # cpu/steps clocks: the runner's hard limit is this 
                             # wall clock (+ grace): room for a machine shared with other jobs
 CAUSAL_ATOL = 1e-4          # max change of an earlier logit allowed when later tokens change
                             # (leaks below it can gain at most ~2*atol/ln2 bits per token)
+CAUSAL_MAX_TOL = 2e-3       # ... widened by the model's own run-to-run jitter on identical input, at most to this
 TINYSTORIES_URL = "https://huggingface.co/datasets/roneneldan/TinyStories/resolve/main/TinyStoriesV2-GPT4-valid.txt"
 CLIMBMIX_URL = "https://huggingface.co/datasets/karpathy/climbmix-400b-shuffle/resolve/main/shard_{:05d}.parquet"
 CLIMBMIX_SHARDS = (0,)
@@ -960,7 +961,13 @@ def causality_probe(forward_fn, tokens, vocab, max_tokens=None):
       B. eval batches hold windows of the same split, so a row could peek at
          another: whole rows are replaced, split by each bit of the row index
          both ways (any two rows are on opposite sides in some trial); the rows
-         left alone must not move at all."""
+         left alone must not move at all.
+    Every pass has the same shape (B_EVAL, SEQ_LEN), so the same kernels run and an honest causal
+    model's earlier logits are bit-identical (measured: 0 of thousands of rows move on CPU). Where
+    kernels are not run-to-run deterministic, though, two passes over the *same* input differ too, and
+    that is no leak: the base is computed twice, and a trial that exceeds the tolerance is rerun
+    with the base, so the tolerance is CAUSAL_ATOL plus twice the largest jitter seen on identical
+    inputs (never more than CAUSAL_MAX_TOL; a model noisier than that is refused as such)."""
     starts = eval_starts(len(tokens), max_tokens or EVAL_TOKENS)
     batches = list(_eval_batches(starts, B_EVAL, fixed_batch=True))
     x, _ = _windows(tokens, batches[_urandom_int(len(batches))][1])
@@ -973,8 +980,21 @@ def causality_probe(forward_fn, tokens, vocab, max_tokens=None):
         for side in (0, 1):
             trials.append(("tokens of other rows of the batch",
                            [0 if (r >> bit) & 1 == side else SEQ_LEN for r in range(B_EVAL)]))
+    def worst(a, b, cuts):
+        """(largest change of a checked logit, its row, its cut)."""
+        return max((float((a[r, :c] - b[r, :c]).abs().max()), r, c) for r, c in enumerate(cuts) if c > 0)
+
+    def tolerance(jitter):
+        if jitter > CAUSAL_MAX_TOL / 2:
+            raise EvalError(f"causality probe failed: the model's logits differ by {jitter:.3g} between two runs on "
+                            f"the same input (more than {CAUSAL_MAX_TOL / 2:g}), so a dependence on future tokens "
+                            "cannot be told from noise; make the model deterministic")
+        return CAUSAL_ATOL + 2 * jitter
+
     with torch.no_grad():
         base = _check_logits(forward_fn(x), B_EVAL, vocab)
+        jitter = float((_check_logits(forward_fn(x), B_EVAL, vocab) - base).abs().max())  # 0 where deterministic
+        tol = tolerance(jitter)
         for what, cuts in trials:  # cuts[r]: positions >= cuts[r] replaced, positions < cuts[r] checked
             x2 = x.clone()
             for r, c in enumerate(cuts):
@@ -982,13 +1002,17 @@ def causality_probe(forward_fn, tokens, vocab, max_tokens=None):
                     x2[r, c:] = _random_tokens(SEQ_LEN - c, vocab)
                     x2[r, c] = (x[r, c] + 1 + _urandom_int(vocab - 1)) % vocab  # surely different
             probe = _check_logits(forward_fn(x2), B_EVAL, vocab)
-            for r, c in enumerate(cuts):
-                if c > 0:
-                    diff = float((probe[r, :c] - base[r, :c]).abs().max())
-                    if diff > CAUSAL_ATOL:
-                        raise EvalError(f"causality probe failed: the logits of row {r} before position {c} changed "
-                                        f"by {diff:.3g} (> {CAUSAL_ATOL}) when {what} were replaced; the model "
-                                        "reads future tokens")
+            diff, r, c = worst(probe, base, cuts)
+            if diff > tol:   # a leak, or kernel jitter: rerun both inputs, and judge the smaller difference
+                again = _check_logits(forward_fn(x2), B_EVAL, vocab)
+                base2 = _check_logits(forward_fn(x), B_EVAL, vocab)
+                jitter = max(jitter, float((again - probe).abs().max()), float((base2 - base).abs().max()))
+                tol = tolerance(jitter)
+                diff, r, c = min((diff, r, c), worst(again, base2, cuts))
+                if diff > tol:
+                    raise EvalError(f"causality probe failed: the logits of row {r} before position {c} changed "
+                                    f"by {diff:.3g} (> {tol:.3g}) when {what} were replaced; the model "
+                                    "reads future tokens")
 
 
 @contextlib.contextmanager

@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterable, Optional
 
 import anyio
 
+from mcp_server.loop.sandbox import UNSAFE_ENV
 from mcp_server.mechanisms.source import Constant, Value, all_constants, constant_values, skeleton, tunable_constants
 
 # ---------------------------------------------------------------------------
@@ -227,11 +228,13 @@ class Planner:
         return skeleton(source), tuple(sorted(constant_values(source).items()))
 
     def propose(self, source: str, category: Optional[str] = None,
-                preferred: Iterable[str] = (), busy: Iterable[str] = ()) -> Optional[Edit]:
+                preferred: Iterable[str] = (), busy: Iterable[str] = (), steered: bool = False) -> Optional[Edit]:
         """The next edit of `source` (the best train.py), or None when nothing untried is left.
 
-        Order of preference: repeat the last successful step; the constants a mechanism
-        suggested (in its order); constants of the suggested category; any constant at random.
+        Order of preference: the expert-first moves (unless `steered`); repeat the last successful
+        step; the constants a mechanism suggested (in its order); constants of the suggested category;
+        any constant at random. `steered`: a mechanism on trial gave this advice; its trial is decided
+        on these very experiments, so the expert moves wait until it is over.
         `busy`: constants with an edit still in flight (parallel proposals): left alone until its
         outcome is known, so in-flight candidates change different constants.
         """
@@ -243,7 +246,7 @@ class Planner:
             self.origin.setdefault(name, c.value)
         self.tried.add(self._key(source))
         constraints = divisibility_constraints(source)
-        for name, factor in self.expert:   # expert-first moves, once each
+        for name, factor in ([] if steered else self.expert):   # expert-first moves, once each
             if (name, factor) in self._expert_tried or name not in consts:
                 continue
             self._expert_tried.add((name, factor))
@@ -436,7 +439,9 @@ def server_params(workspace: Path):
     pkg_parent = str(Path(__file__).resolve().parent.parent.parent)
     env["PYTHONPATH"] = os.pathsep.join([pkg_parent] + ([os.environ["PYTHONPATH"]]
                                                          if os.environ.get("PYTHONPATH") else []))
-    for key in ("LOOPWRIGHT_HOME", "XDG_DATA_HOME"):   # where the state directory is (the SDK's env drops them)
+    # where the state directory is, and the human's sandbox opt-out (the demo without bubblewrap, `run
+    # --unsafe-no-sandbox`): the SDK's reduced environment drops them, and the server then refused every run
+    for key in ("LOOPWRIGHT_HOME", "XDG_DATA_HOME", UNSAFE_ENV):
         if os.environ.get(key):
             env[key] = os.environ[key]
     return StdioServerParameters(command=sys.executable,
@@ -475,6 +480,8 @@ class BuiltinAgent:
         self.durations: list[float] = []
         self.run_seconds: list[float] = []    # wall seconds per training run (+ evaluation), for the deadline
         self.deadline: Optional[float] = None   # monotonic: nothing starts that would end after it
+        self.min_experiments = 0    # ... once this many have run: the deadline never cuts a session below it
+        self.done = 0               # experiments of this session run (or submitted) so far
         self.flights: dict[int, _Flight] = {}
 
     def emit(self, event: str, /, **data: Any) -> None:
@@ -529,6 +536,7 @@ class BuiltinAgent:
         while True:
             if n is not None and done >= n:
                 return self._stop(f"ran the {n} experiment(s) asked for")
+            self.done = done
             edit = None
             try:
                 budget = await self.call("budget_check")
@@ -630,6 +638,7 @@ class BuiltinAgent:
                     break
                 if why is None:
                     submitted += 1
+                    self.done = submitted
             if not self.flights:
                 return self._stop(why or "no untried change of the tunable constants is left")
             await self._wait_for(list(self.flights), any_one=True)
@@ -717,12 +726,13 @@ class BuiltinAgent:
     async def _next_edit(self, busy: Iterable[str] = ()) -> Optional[Edit]:
         for _ in range(12):
             source = self.train.read_text(encoding="utf-8")
-            category, preferred = None, []
+            category, preferred, steered = None, [], False
             if self.mechanisms:
                 sug = await self.call("suggest_next")
-                category, preferred = sug.get("category"), sug.get("parameters", [])
+                category, preferred = sug.get("category"), list(sug.get("parameters", []))
+                category, preferred, steered = _follow_trial(sug, category, preferred)
                 self.emit("suggestion", suggestion=sug)
-            edit = self.planner.propose(source, category, preferred, busy=busy)
+            edit = self.planner.propose(source, category, preferred, busy=busy, steered=steered)
             if edit is None:
                 return None
             self.train.write_text(edit.source, encoding="utf-8")
@@ -791,7 +801,7 @@ class BuiltinAgent:
         confirm), that many runs at the recent time per run if that is longer: a candidate that starts a
         fresh seed set first re-measures the best on it, and early-stopped candidates (one run) must not
         make the estimate forget that (a demo once ran 378 s of its 360)."""
-        if self.deadline is None or not self.durations:
+        if self.deadline is None or not self.durations or self.done < self.min_experiments:
             return None
         need = statistics.median(self.durations[-5:])
         if runs and self.run_seconds:
@@ -806,16 +816,29 @@ class BuiltinAgent:
         return res["status"] == "ok"
 
 
+def _follow_trial(sug: dict, category: Optional[str], preferred: list[str]) -> tuple[Optional[str], list[str], bool]:
+    """(category, preferred, steered): a runtime mechanism on trial ('active') that advises a category or
+    constants steers the move from the first one on, ahead of the built-in advice (its trial window is
+    decided on these experiments)."""
+    active = [m for m in sug.get("mechanisms") or [] if m.get("status") == "active" and not m.get("error")
+              and (m.get("category") or m.get("parameters"))]
+    if not active:
+        return category, preferred, False
+    first = [p for m in active for p in m.get("parameters") or []]
+    return active[0].get("category") or category, list(dict.fromkeys(first + preferred)), True
+
+
 async def run_session(workspace: Path | str, n: Optional[int] = None, wall_seconds: Optional[float] = None,
                       mechanisms: bool = True, seed: int = 0, observer: Optional[Observer] = None,
                       deadline: Optional[float] = None, planner: Optional[Planner] = None,
-                      parallel: Optional[int] = None) -> SessionResult:
+                      parallel: Optional[int] = None, min_experiments: int = 0) -> SessionResult:
     """One built-in agent session against `loopwright serve` over stdio.
 
     n: experiments to run (None: until budget_check says stop); wall_seconds / deadline (monotonic):
     no experiment starts that would not finish in time; seed: the planner's random choices; parallel:
     candidates in flight at once (1: run_experiment + score, one at a time; more: submit_experiment +
-    wait on the workspace's executor)."""
+    wait on the workspace's executor); min_experiments: the deadline stops nothing before this many have
+    run (the demo's floor: a busy machine takes longer, it does not show less)."""
     from mcp import Client
     from mcp.client.stdio import stdio_client
 
@@ -837,6 +860,7 @@ async def run_session(workspace: Path | str, n: Optional[int] = None, wall_secon
             async with Client(stdio_client(server_params(ws.root), errlog=errlog)) as client:
                 agent = BuiltinAgent(client, ws.root / ws.cfg.paths.editable[0], planner or Planner(seed),
                                      mechanisms, observer, parallel=parallel, asynchronous=asynchronous)
+                agent.min_experiments = min_experiments
                 reason = await agent.run(n, deadline)
                 final = (await agent.call("state_read", {"view": "summary"}))["summary"]
         except Exception as e:  # the client's task group wraps what went wrong: show the cause itself

@@ -7,9 +7,11 @@ report. Its defaults are sized to finish within six minutes on a quiet 2-core
 CPU: 30 s of training per run on the benchmark's budget clock (`auto` = the
 CPU clock here, so other jobs slow a run down but do not change how much it
 trains), a small evaluation (8192 tokens), a seed set of two seeds (`--seed S`
-picks them: 1001 + 1000·S on, so demos with different seeds are independent), up to
-eight experiments, and a wall-clock deadline after which no new experiment
-starts. Power comes from paired verdicts: each candidate runs on the same two
+picks them: 1001 + 1000·S on, so demos with different seeds are independent), and
+four experiments. It is capped by that work, not by wall time: on a busy machine
+it takes longer (the CPU clock trains the same amount) but shows the same four
+experiments; it announces the runs and the minutes it expects before it starts.
+`--minutes` only stops further experiments after those four. Power comes from paired verdicts: each candidate runs on the same two
 seeds as the best version (one run when its first pair is clearly worse), and
 the built-in agent tries expert-first changes before its hill climb. Check the
 keeps afterwards with `loopwright replay --workspace DIR --seeds 3`.
@@ -32,8 +34,9 @@ from rich.text import Text
 DEMO_TIME_BUDGET = 30.0    # training seconds per experiment
 DEMO_EVAL_TOKENS = 8192
 DEMO_BASELINE_SEEDS = 2
-DEMO_EXPERIMENTS = 8
-DEMO_MINUTES = 6.0
+DEMO_EXPERIMENTS = 4
+DEMO_MIN_EXPERIMENTS = 4   # run whatever the load: a wall-clock cap (--minutes) stops only later ones
+RUN_OVERHEAD_S = 10.0      # start-up, export and evaluation of one run on a quiet 2-core CPU
 REPORT_RESERVE_S = 10.0    # the report and shutdown, kept out of the experiments' time
 
 _VERDICT_STYLE = {"keep": "bold green", "discard": "grey58", "retest": "yellow", "crash": "bold red",
@@ -229,24 +232,45 @@ def demo_overrides(n: int, parallel: int = 1, seed: int = 0) -> dict:
             **({"executor": {"parallel": parallel}} if parallel > 1 else {})}
 
 
+def plan_line(cfg: Any, n: Optional[int], baseline: bool) -> str:
+    """What a session will cost, in the units the budget counts (training runs), before it starts.
+    An experiment is one run per seed of the seed set, paired with the best version on the same seeds;
+    a retest adds confirm runs (the candidate and the best on a fresh seed), a fresh seed set a
+    re-measure of the best."""
+    k, budget_s = cfg.noise.baseline_seeds, cfg.benchmark.time_budget
+    per_run = budget_s + RUN_OVERHEAD_S
+    if n is None:
+        cap = cfg.budget.max_experiments
+        return (f"each experiment is {k} training run(s) of ~{per_run:.0f} s (one per seed); the budget allows "
+                f"{cap} runs in all (budget.max_experiments counts runs)" if cap else
+                f"each experiment is {k} training run(s) of ~{per_run:.0f} s (one per seed)")
+    runs = (k if baseline else 0) + k * n
+    most = (k if baseline else 0) + (k + 2) * n + k
+    return (f"plan: {'the baseline on ' + str(k) + ' seed(s), then ' if baseline else ''}{n} experiment(s) of {k} "
+            f"training run(s) each: ~{runs} runs (up to {most} with confirm runs), ~{runs * per_run / 60:.0f} min "
+            f"on a quiet 2-core CPU ({budget_s:.0f} s of training + ~{RUN_OVERHEAD_S:.0f} s per run); a busy machine "
+            "takes longer in wall time and runs the same work")
+
+
 def run_demo(directory: Optional[Path | str] = None, time_budget: float = DEMO_TIME_BUDGET,
-             n: int = DEMO_EXPERIMENTS, seed: int = 0, minutes: float = DEMO_MINUTES, mechanisms: bool = True,
+             n: int = DEMO_EXPERIMENTS, seed: int = 0, minutes: Optional[float] = None, mechanisms: bool = True,
              console: Optional[Console] = None, live: Optional[bool] = None, parallel: int = 1) -> DemoResult:
     from mcp_server.agents.builtin import run_builtin
     from mcp_server.loop.config import CONFIG_NAME
     from mcp_server.loop.setup import init_workspace
+    from mcp_server.loop.workspace import Workspace
     from mcp_server.report.writer import write_report
 
     if n < 1:
         raise ValueError("-n must be at least 1")
-    if minutes <= 0:
+    if minutes is not None and minutes <= 0:
         raise ValueError("--minutes must be positive")
     if parallel < 1:
         raise ValueError("--parallel must be at least 1")
     console = console or Console()
     _sandbox_or_notice(console)
     t0 = time.monotonic()
-    deadline = t0 + minutes * 60 - REPORT_RESERVE_S
+    deadline = None if minutes is None else t0 + minutes * 60 - REPORT_RESERVE_S
     root = Path(directory).expanduser().resolve() if directory else Path(tempfile.mkdtemp(prefix="loopwright-demo-"))
     if (root / CONFIG_NAME).is_file():
         console.print(f"resuming the campaign in {root}")
@@ -254,18 +278,28 @@ def run_demo(directory: Optional[Path | str] = None, time_budget: float = DEMO_T
         console.print(f"creating a workspace in {root} (preparing the data takes a few seconds)…")
         init_workspace(root, tag="demo", corpus="stdlib", time_budget=time_budget,
                        overrides=demo_overrides(n, parallel, seed))
+    ws = Workspace.find(root)
+    with ws.ledger() as ledger:
+        c = ledger.campaign()
+        measured = bool(c and ledger.baseline_samples(c["id"]))
+    console.print(plan_line(ws.cfg, n, baseline=not measured)
+                  + ("" if minutes is None else f"; after {min(n, DEMO_MIN_EXPERIMENTS)} experiment(s), none starts "
+                     f"that would end after {minutes:g} min"))
     title = f"loopwright demo · {root.name} · built-in agent, seed {seed}" + (f", {parallel} in parallel"
                                                                               if parallel > 1 else "")
-    state = ProgressState(title, started=t0, deadline=deadline + REPORT_RESERVE_S, n=n)
+    state = ProgressState(title, started=t0, deadline=None if deadline is None else deadline + REPORT_RESERVE_S,
+                          n=n)
     with Display(state, console, live) as display:
         session = run_builtin(root, n=n, mechanisms=mechanisms, seed=seed, observer=display, deadline=deadline,
-                              parallel=parallel)
+                              parallel=parallel, min_experiments=DEMO_MIN_EXPERIMENTS)
     files = write_report(root)
     seconds = time.monotonic() - t0
     d = files.data
+    verdict = (f"best {_num(d.best_val)} (gain {d.gain:+.4f})." if d.best else
+               f"no change cleared the noise threshold ({d.threshold:.4f})." if d.points else
+               f"no experiment ran (stopped: {session.stopped_because}).")   # never a verdict on untried changes
     console.print(f"\n[bold]{d.title}[/] in {seconds:.0f} s. Baseline {_num(d.baseline_mean)} ± {d.sigma:.4f}; "
-                  + (f"best {_num(d.best_val)} (gain {d.gain:+.4f})." if d.best else
-                     f"no change cleared the noise threshold ({d.threshold:.4f})."))
+                  + verdict)
     console.print(f"report: {files.markdown}\nchart:  {files.plot.path}\ntsv:    {files.tsv}")
     console.print(f"workspace: {root}  (continue with `loopwright run --agent builtin --workspace {root}`)")
     return DemoResult(root, seconds, files.directory, session)

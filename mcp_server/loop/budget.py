@@ -22,8 +22,12 @@ def check_time_budget(seconds: Optional[float]) -> None:
 
 
 class BudgetStatus(BaseModel):
+    # budget.max_experiments counts training runs (the key keeps its name): an experiment is one run per
+    # seed of the seed set, and a retest adds confirm runs. runs_* say the same in the unit they count.
     experiments_used: int
     experiments_left: Optional[int]
+    runs_used: int = 0
+    runs_left: Optional[int] = None
     hours_used: float
     hours_left: Optional[float]
     cost_used_usd: float
@@ -41,7 +45,8 @@ def check(ledger: Ledger, campaign_id: int, budget: BudgetConfig, best_metric: O
 
     exp_left = None if budget.max_experiments is None else max(0, budget.max_experiments - used)
     if exp_left == 0:
-        reasons.append(f"experiment budget spent ({used}/{budget.max_experiments})")
+        reasons.append(f"experiment budget spent ({used}/{budget.max_experiments}): budget.max_experiments counts "
+                       "training runs (one per seed of each experiment, plus confirm runs)")
     hours_left = None if budget.max_hours is None else max(0.0, budget.max_hours - hours)
     if hours_left is not None and hours_left <= 0:
         reasons.append(f"time budget spent ({hours:.2f}/{budget.max_hours} h of experiments)")
@@ -54,7 +59,8 @@ def check(ledger: Ledger, campaign_id: int, budget: BudgetConfig, best_metric: O
     if campaign and campaign["status"] != "active":
         reasons.append(f"campaign is {campaign['status']}")
 
-    return BudgetStatus(experiments_used=used, experiments_left=exp_left, hours_used=round(hours, 4),
+    return BudgetStatus(experiments_used=used, experiments_left=exp_left, runs_used=used, runs_left=exp_left,
+                        hours_used=round(hours, 4),
                         hours_left=None if hours_left is None else round(hours_left, 4),
                         cost_used_usd=round(cost, 4),
                         cost_left_usd=None if cost_left is None else round(cost_left, 4),

@@ -168,7 +168,8 @@ class NoiseConfig(_Section):
 
 
 class BudgetConfig(_Section):
-    max_experiments: Optional[int] = Field(default=50, ge=1)
+    max_experiments: Optional[int] = Field(default=50, ge=1, description=(
+        "training runs, not experiments (the name is kept): an experiment is one run per seed, plus confirm runs"))
     max_hours: Optional[float] = Field(default=8.0, gt=0)
     max_cost_usd: Optional[float] = Field(default=20.0, ge=0)
     target_metric: Optional[float] = None

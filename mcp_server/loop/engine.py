@@ -1015,13 +1015,17 @@ class Engine:
         sd, _ = self.sigma_paired(c)
         noise = self.ws.cfg.noise
         bar, mde = verdict.bar(sd, noise, noise.baseline_seeds), verdict.mde(sd, noise, noise.baseline_seeds)
+        runs = self.next_experiment_runs(c)
         if not should_stop:
+            left = "" if st.runs_left is None else f" ({st.runs_left} left in the budget)"
+            nxt += (f" The next experiment takes up to {runs} training run(s) of {self.ws.cfg.benchmark.time_budget:g} s "
+                    f"of training each{left}.")
             nxt += (f" Detectable effect now: ~{mde:.4f} bits/byte (a keep needs a mean paired gain of {bar:.4f} "
                     f"on {noise.baseline_seeds} seeds); prefer changes you expect to gain at least that much.")
         return BudgetResult(**{**st.model_dump(), "reasons": reasons, "should_stop": should_stop},
                             stop_requested=stop, sigma_paired=round(sd, 6), keep_threshold=round(bar, 6),
                             mde=round(mde, 6), runs_per_experiment=noise.baseline_seeds,
-                            next_experiment_runs=self.next_experiment_runs(c), next_step=nxt)
+                            next_experiment_runs=runs, next_step=nxt)
 
     def budget_check(self) -> BudgetResult:
         """The agent's budget_check: budget(), and when it says stop the campaign's end is recorded (once),

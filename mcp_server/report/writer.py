@@ -259,7 +259,9 @@ def render_markdown(data: ReportData, plot_name: str = "progress.png", tsv_name:
         L.append(f"- {data.title}.")
         L.append(f"- Baseline: **{_f(data.baseline_mean)} ± {_f(data.sigma)}** val_bpb "
                  f"({n_seeds} seed{'s' if n_seeds != 1 else ''}).")
-        if data.best is None:
+        if not data.points:   # a verdict about changes never tried would be false
+            L.append("- **No experiment ran yet**: only the baseline was measured.")
+        elif data.best is None:
             L.append(f"- **No change cleared the noise threshold ({_f(data.threshold)}).** The best version is "
                      "still the baseline; every gain measured was within the noise.")
         else:

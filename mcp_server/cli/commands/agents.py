@@ -27,7 +27,7 @@ def run(args) -> int:
     from rich.console import Console
 
     from mcp_server.agents.builtin import AgentError, run_builtin
-    from mcp_server.cli.demo import Display, ProgressState
+    from mcp_server.cli.demo import Display, ProgressState, plan_line
     from mcp_server.loop.workspace import Workspace
 
     if args.n is not None and args.n < 0:
@@ -49,6 +49,10 @@ def run(args) -> int:
                           n=args.n)
     if args.time_budget:
         state.deadline = state.started + args.time_budget
+    with ws.ledger() as ledger:
+        c = ledger.campaign()
+        measured = bool(c and ledger.baseline_samples(c["id"]))
+    console.print(plan_line(ws.cfg, args.n, baseline=not measured), highlight=False)
     try:
         with Display(state, console) as display:
             res = run_builtin(ws.root, n=args.n, wall_seconds=args.time_budget,
@@ -67,9 +71,11 @@ def demo_args(sp) -> None:
     sp.add_argument("dir", nargs="?", default=None, help="workspace directory (default: a new temporary one)")
     sp.add_argument("--time-budget", type=float, default=None, metavar="S",
                     help="training seconds per experiment for the new workspace (default 30)")
-    sp.add_argument("-n", type=int, default=None, help="experiments after the baseline (default 8)")
+    sp.add_argument("-n", type=int, default=None, help="experiments after the baseline (default 4; each is "
+                                                      "one training run per seed, 2 seeds)")
     sp.add_argument("--minutes", type=float, default=None,
-                    help="wall-clock cap: no experiment starts that would end after it (default 6)")
+                    help="optional wall-clock cap: after the first 4 experiments, none starts that would end after "
+                         "it (default: none; the demo is capped by its work)")
     sp.add_argument("--seed", type=int, default=0,
                     help="seed of the agent's choices and of the campaign's training seeds (1001 + 1000 x SEED on)")
     sp.add_argument("--no-mechanisms", action="store_true")
@@ -90,7 +96,7 @@ def demo(args) -> int:
         return usage_error("demo", "--parallel must be at least 1 (1 = one experiment at a time)")
     demo_mod.run_demo(args.dir, time_budget=args.time_budget or demo_mod.DEMO_TIME_BUDGET,
                       n=args.n or demo_mod.DEMO_EXPERIMENTS, seed=args.seed,
-                      minutes=args.minutes or demo_mod.DEMO_MINUTES, mechanisms=not args.no_mechanisms,
+                      minutes=args.minutes, mechanisms=not args.no_mechanisms,
                       parallel=args.parallel)
     return 0
 
