@@ -22,10 +22,11 @@ What a session gets:
   first model call), `tool_timeout_sec` = the session limit (an experiment trains for minutes),
   `default_tools_approval_mode = "approve"` (score and revert are annotated destructive, and
   with approvals off Codex refuses tools that would need one),
-  hooks trusted for the run (`--dangerously-bypass-hook-trust`), `-s workspace-write`.
+  hooks trusted for the run (`--dangerously-bypass-hook-trust`), the `loopwright` permission
+  profile (never `-s`: it would replace the profile).
 - **Unattended permissions.** Claude: `--permission-mode acceptEdits` plus `--allowedTools`
   for the loopwright tools, Read/Edit/Write/Glob/Grep/Bash (the guard checks each call);
-  works as root without IS_SANDBOX. Codex: the workspace-write sandbox, approvals off.
+  works as root without IS_SANDBOX. Codex: the `loopwright` permission profile, approvals off.
 - **Caps.** Claude: `--max-budget-usd` = the campaign's remaining cost budget. Both: a
   wall-clock limit, after which the whole process group is killed (exit code 124).
   `CLAUDE_CODE_STOP_HOOK_BLOCK_CAP=0` (unless set): the guard's Stop hook bounds itself
