@@ -188,6 +188,21 @@ def test_hidden_data_and_the_ledger_are_invisible(box):
     assert all(v.startswith("ERR") for v in out.values()), out
 
 
+def _stand_in_workspace(tmp_path, state_dir, corpus):
+    """A workspace as the sandbox sees it: a .git, a train.py, the state dir's train view holding 'TRAIN'."""
+    ws = tmp_path / "ws"
+    (ws / ".git").mkdir(parents=True)
+    (ws / ".git" / "HEAD").write_text("ref: refs/heads/loopwright/t\n")
+    (ws / "train.py").write_text("x = 1\n")
+    view = state_dir / "train-view"
+    view.mkdir()
+    (view / "train.bin").write_text("TRAIN\n")
+    wsobj = SimpleNamespace(root=ws, state_dir=state_dir, workspace_data_dir=ws / ".loopwright" / "data",
+                            data_dir=state_dir / "data",
+                            cfg=SimpleNamespace(benchmark=SimpleNamespace(corpus=str(corpus))))
+    return ws, view, wsobj
+
+
 @needs_bwrap
 @pytest.mark.parametrize("corpus_kind", ["folder", "file"])
 def test_train_py_reads_neither_other_workspaces_state_nor_the_corpus(tmp_path, monkeypatch, corpus_kind):
@@ -209,15 +224,7 @@ def test_train_py_reads_neither_other_workspaces_state_nor_the_corpus(tmp_path, 
     (corpus / "doc.txt").write_text("HELD-OUT TEXT\n")
     if corpus_kind == "file":
         corpus = corpus / "doc.txt"
-    ws = tmp_path / "ws"
-    (ws / ".git").mkdir(parents=True)
-    (ws / ".git" / "HEAD").write_text("ref: refs/heads/loopwright/t\n")
-    (ws / "train.py").write_text("x = 1\n")
-    view = mine / "train-view"
-    view.mkdir()
-    (view / "train.bin").write_text("TRAIN\n")
-    wsobj = SimpleNamespace(root=ws, state_dir=mine, workspace_data_dir=ws / ".loopwright" / "data",
-                            cfg=SimpleNamespace(benchmark=SimpleNamespace(corpus=str(corpus))))
+    ws, view, wsobj = _stand_in_workspace(tmp_path, mine, corpus)
     targets = [str(other / "data" / "val.bin"), str(other / "state.db"), str(mine / "state.db"),
                str(tmp_path / "corpus" / "doc.txt"), str(ws / ".git" / "HEAD")]
     script = tmp_path / "probe.py"
@@ -740,16 +747,7 @@ def test_every_kind_of_agent_code_is_denied_the_same_hidden_paths(tmp_path, monk
     (worker / "data" / ("ab" * 32)).write_text("CACHED TEST SPLIT\n")
     (worker / "work" / "loopwright-run-x" / "state" / "data").mkdir(parents=True)
     (worker / "work" / "loopwright-run-x" / "state" / "data" / "val.bin").write_text("ANOTHER RUN'S VAL\n")
-    ws = tmp_path / "ws"
-    (ws / ".git").mkdir(parents=True)
-    (ws / ".git" / "HEAD").write_text("ref: refs/heads/loopwright/t\n")
-    (ws / "train.py").write_text("x = 1\n")
-    view = mine / "train-view"
-    view.mkdir()
-    (view / "train.bin").write_text("TRAIN\n")
-    wsobj = SimpleNamespace(root=ws, state_dir=mine, workspace_data_dir=ws / ".loopwright" / "data",
-                            data_dir=mine / "data",
-                            cfg=SimpleNamespace(benchmark=SimpleNamespace(corpus=str(corpus))))
+    ws, view, wsobj = _stand_in_workspace(tmp_path, mine, corpus)
 
     hidden = sandbox.hidden_paths(wsobj)
     targets = sorted(str(p) for h in hidden for p in ([h] if h.is_file() else h.rglob("*")) if p.is_file())
