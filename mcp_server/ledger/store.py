@@ -611,14 +611,6 @@ class Ledger:
             (time.time(), campaign_id)).fetchone()
         return int(r[0]), float(r[1]) / 3600.0
 
-    def compute_hours(self, campaign_id: int) -> float:
-        """Wall-clock hours spent in experiments (running ones count up to now)."""
-        now = time.time()
-        row = self.conn.execute(
-            "SELECT COALESCE(SUM(COALESCE(finished_at, ?) - started_at), 0) FROM experiments WHERE campaign_id=?",
-            (now, campaign_id)).fetchone()
-        return float(row[0]) / 3600.0
-
     # -- sessions -----------------------------------------------------------
     def start_session(self, campaign_id: Optional[int], trigger: str, agent: str, detail: str = "") -> int:
         with self.tx() as c:

@@ -59,7 +59,6 @@ class Engine:
     def __init__(self, root: Path | str | None = None, recover: bool = True):
         self.ws = Workspace.find(root) if root is None else Workspace.open(root)
         self.ledger = self.ws.ledger()
-        self._campaign_cache: Optional[int] = None
         # Orphaned `running` rows (a CLI or server killed with -9) are recovered by every entry point:
         # safe even with recover=False, since a live run holds the experiment lock and recover() skips then.
         # So are candidates left waiting for a score that can never come (an interrupted seed run, also in rows

@@ -216,15 +216,6 @@ def describe(mismatches: list[Mismatch]) -> str:
     return "; ".join(f"{m.path}: {m.detail}" for m in mismatches)
 
 
-def verify_or_raise(ws: Workspace, pinned: str) -> Optional[list[Mismatch]]:
-    """Convenience for callers: None when clean, the mismatches otherwise (already restored)."""
-    mism = check(ws, pinned)
-    if not mism:
-        return None
-    restore(ws, pinned, mism)
-    return mism
-
-
 def restored(mismatches: list[Mismatch], actions: list[str]) -> bool:
     """Whether the restore put everything back (for an honest message)."""
     if any(m.kind == "pin" for m in mismatches):
