@@ -628,11 +628,18 @@ def test_run_stop_counts_idle_blocks_and_resets_on_progress(ws, monkeypatch):
     assert stop.run_stop(again, str(ws)) is None
 
 
-def test_load_status_without_engine_is_unknown(monkeypatch, capsys, ws):
-    monkeypatch.setitem(sys.modules, "mcp_server.loop.status", None)   # import fails
-    assert stop.load_status(ws) is None
-    assert stop.run_stop(recorded("codex", ws, event="Stop"), str(ws)) is None
-    assert "letting the agent stop" in capsys.readouterr().err
+def test_stop_fails_closed_when_the_loop_cannot_be_imported(monkeypatch, capsys, ws):
+    monkeypatch.setitem(sys.modules, "mcp_server.loop.status", None)   # import fails: a broken install
+    monkeypatch.setenv("LOOPWRIGHT_STOP_MAX_IDLE_BLOCKS", "2")
+    first = recorded("codex", ws, event="Stop")
+    assert stop.main_stop(json.dumps(first), False) == 0
+    out = capsys.readouterr()
+    decision = json.loads(out.out)
+    assert decision["decision"] == "block" and "pip install loopwright" in decision["reason"]
+    assert "blocking the stop" in out.err
+    again = {**first, "stop_hook_active": True}
+    assert stop.run_stop(again, str(ws)) is not None
+    assert stop.run_stop(again, str(ws)) is None              # the idle-block cap still releases the agent
 
 
 def test_load_status_uses_engine_loop_status(monkeypatch, ws):

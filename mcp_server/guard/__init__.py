@@ -39,7 +39,9 @@ Decisions worth knowing:
   without progress do. Claude Code ends a turn after 8 consecutive Stop blocks unless
   CLAUDE_CODE_STOP_HOOK_BLOCK_CAP=0, which headless launchers set.
 - Fail closed: a crash, bad payload or unusable interpreter blocks the tool call (exit 2);
-  Stop and SessionStart fail open (a broken status must not trap the agent).
+  Stop blocks when the loop cannot be imported (the idle-block cap still applies) and lets the
+  agent stop when the status itself raises (a broken ledger must not trap the agent);
+  SessionStart fails open.
 
 Layout: entry.py (the command line) -> pretooluse.py / stop.py / session_start.py, each
 reading its payload through payload.py and the workspace's rules through policy.py; the

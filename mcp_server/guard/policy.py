@@ -19,9 +19,9 @@ import sys
 from fnmatch import fnmatchcase
 from typing import Optional
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+else:  # pragma: no cover - Python 3.10, where tomli is a declared dependency
     import tomli as tomllib
 
 CONFIG_NAME = "loopwright.toml"

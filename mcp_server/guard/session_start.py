@@ -11,12 +11,10 @@ from mcp_server.guard.policy import load_policy, note
 def session_start_context(payload: dict, root: str) -> str:
     """The text given to a starting, resumed or compacted session."""
     try:
-        from mcp_server.loop.status import session_summary
-    except ImportError:
-        return _fallback_context(root)
-    try:
+        from mcp_server.loop.status import session_summary  # lazy: the hook stays light until it needs the ledger
+
         return str(session_summary(root))
-    except Exception as e:                      # a broken ledger must not stop the session starting
+    except Exception as e:                      # a broken ledger or install must not stop the session starting
         note(f"loopwright guard: session summary failed ({type(e).__name__}: {e})")
         return _fallback_context(root)
 

@@ -2,8 +2,9 @@
 
 `stop_hook_active` alone does not release the agent; LOOPWRIGHT_STOP_MAX_IDLE_BLOCKS (default
 20) consecutive blocks without progress do. Claude Code ends a turn after 8 consecutive Stop
-blocks unless CLAUDE_CODE_STOP_HOOK_BLOCK_CAP=0, which headless launchers set. A broken status
-lets the agent stop (fail open: it must not trap the agent).
+blocks unless CLAUDE_CODE_STOP_HOOK_BLOCK_CAP=0, which headless launchers set. A loop that cannot
+be imported (a broken install) keeps the agent going, released by the same cap (fail closed); a status
+that raises lets it stop (a broken ledger must not trap the agent).
 """
 from __future__ import annotations
 
@@ -55,13 +56,21 @@ def stop_decision(payload: dict, status: Any, idle_blocks: int = 0,
     return {"decision": "block", "reason": reason}
 
 
+UNAVAILABLE_PROGRESS = -1   # the progress mark while the loop cannot be imported: never moves, so the cap applies
+
+
 def load_status(root) -> Optional[dict]:
-    """The loop's budget status from mcp_server.loop.status.loop_status, or None when unknown."""
+    """The loop's budget status from mcp_server.loop.status.loop_status. Fails closed: when the loop
+    cannot be imported, a status that blocks with the fix (the idle-block cap still releases the agent)."""
     try:
         from mcp_server.loop.status import loop_status
     except ImportError as e:
-        note(f"loopwright guard: loop status unavailable ({e}); letting the agent stop")
-        return None
+        note(f"loopwright guard: loop status unavailable ({e}); blocking the stop")
+        return {"should_stop": False, "reason": f"the loop's status cannot be read ({e})",
+                "progress": UNAVAILABLE_PROGRESS,
+                "next_step": (f"loopwright cannot read the campaign's budget: importing mcp_server.loop.status "
+                              f"failed ({e}). Do not stop: ask for the install to be repaired (`pip install "
+                              "loopwright`, then `loopwright doctor`), or keep working with the MCP tools.")}
     return _status_dict(loop_status(root))
 
 
