@@ -24,6 +24,7 @@ import pytest
 from mcp_server.guard import policy as guard_policy
 from mcp_server.guard import pretooluse, session_start, stop
 from mcp_server.loop.config import LoopwrightConfig, PathsConfig, dump_config
+from mcp_server.loop.status import LoopStatus
 
 REPO = Path(__file__).resolve().parent.parent
 PAYLOADS = Path(__file__).resolve().parent / "guard_payloads"
@@ -590,30 +591,30 @@ def test_in_process_decision_is_fast(ws):
 
 # --------------------------------------------------------------------------- Stop
 
+def loop_status(should_stop: bool = False, next_step: str = "go on", progress: int = 1) -> LoopStatus:
+    """The one shape mcp_server.loop.status.loop_status gives the Stop hook."""
+    return {"should_stop": should_stop, "reason": "budget remains", "next_step": next_step, "progress": progress}
+
+
 def test_stop_blocks_while_budget_remains():
-    status = {"should_stop": False, "reason": "budget remains", "next_step": "Call run_experiment."}
+    status = loop_status(next_step="Call run_experiment.")
     assert stop.stop_decision({}, status) == {"decision": "block", "reason": "Call run_experiment."}
-    generic = stop.stop_decision({}, {"should_stop": False, "reason": "12 experiments left"})
-    assert generic["decision"] == "block" and "12 experiments left" in generic["reason"]
-    assert "run_experiment" in generic["reason"]
 
 
-def test_stop_allowed_when_budget_spent_or_status_unknown():
-    assert stop.stop_decision({}, {"should_stop": True, "reason": "max_experiments"}) is None
-    assert stop.stop_decision({}, None) is None
-    obj = types.SimpleNamespace(should_stop=True, reason="spent", next_step="")
-    assert stop.stop_decision({"stop_hook_active": True}, obj) is None
+def test_stop_allowed_when_budget_spent():
+    assert stop.stop_decision({}, loop_status(should_stop=True)) is None
+    assert stop.stop_decision({"stop_hook_active": True}, loop_status(should_stop=True, next_step="")) is None
 
 
 def test_stop_hook_active_alone_does_not_release_the_agent():
-    status = {"should_stop": False, "next_step": "go on"}
+    status = loop_status()
     assert stop.stop_decision({"stop_hook_active": True}, status, idle_blocks=3)["decision"] == "block"
     assert stop.stop_decision({"stop_hook_active": True}, status, idle_blocks=20, max_idle_blocks=20) is None
     assert stop.stop_decision({"stop_hook_active": True}, status, idle_blocks=99, max_idle_blocks=0) is not None
 
 
 def test_run_stop_counts_idle_blocks_and_resets_on_progress(ws, monkeypatch):
-    state = {"should_stop": False, "reason": "budget remains", "next_step": "go", "progress": 1}
+    state = loop_status(next_step="go")
     monkeypatch.setattr(stop, "load_status", lambda root: dict(state))
     monkeypatch.setenv("LOOPWRIGHT_STOP_MAX_IDLE_BLOCKS", "3")
     first = {**recorded("claude", ws, event="Stop"), "cwd": str(ws)}
@@ -644,13 +645,13 @@ def test_stop_fails_closed_when_the_loop_cannot_be_imported(monkeypatch, capsys,
 
 def test_load_status_uses_engine_loop_status(monkeypatch, ws):
     fake = types.ModuleType("mcp_server.loop.status")
-    fake.loop_status = lambda root: {"should_stop": False, "reason": "r", "next_step": f"next in {root}"}
+    fake.loop_status = lambda root: loop_status(next_step=f"next in {root}")
     monkeypatch.setitem(sys.modules, "mcp_server.loop.status", fake)
     assert stop.load_status(ws)["next_step"] == f"next in {ws}"
 
 
 def test_stop_entry_prints_block_json(ws, monkeypatch, capsys):
-    monkeypatch.setattr(stop, "load_status", lambda root: {"should_stop": False, "next_step": "keep going"})
+    monkeypatch.setattr(stop, "load_status", lambda root: loop_status(next_step="keep going"))
     assert stop.main_stop(json.dumps(recorded("claude", ws, event="Stop")), False) == 0
     assert json.loads(capsys.readouterr().out) == {"decision": "block", "reason": "keep going"}
 

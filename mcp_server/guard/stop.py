@@ -12,54 +12,38 @@ import json
 import os
 import re
 import sys
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from mcp_server.guard.payload import session_root
 from mcp_server.guard.policy import Policy, load_policy, note
 
+if TYPE_CHECKING:   # the type only: at run time the loop is imported lazily, in load_status
+    from mcp_server.loop.status import LoopStatus
+
 DEFAULT_MAX_IDLE_STOP_BLOCKS = 20
 
 
-def _status_dict(status: Any) -> Optional[dict]:
-    if status is None:
-        return None
-    if hasattr(status, "model_dump"):
-        status = status.model_dump()
-    elif not isinstance(status, dict):
-        status = {k: getattr(status, k) for k in dir(status) if not k.startswith("_")
-                  and not callable(getattr(status, k))}
-    return dict(status)
-
-
-def _default_next_step(reason: str) -> str:
-    return (f"Budget remains{f' ({reason})' if reason else ''}. Do not stop and do not ask whether to "
-            "continue: call suggest_next or state_read, make one change to train.py, call run_experiment, "
-            "then score. Repeat until budget_check says should_stop.")
-
-
-def stop_decision(payload: dict, status: Any, idle_blocks: int = 0,
+def stop_decision(payload: dict, status: LoopStatus, idle_blocks: int = 0,
                   max_idle_blocks: int = DEFAULT_MAX_IDLE_STOP_BLOCKS) -> Optional[dict]:
     """{"decision": "block", "reason": next step} while budget remains, else None (let it stop).
 
-    status: {should_stop, reason, next_step} (dict or object); None = unknown -> let it stop.
+    status: what mcp_server.loop.status.loop_status returns (a LoopStatus).
     stop_hook_active (Claude Code and Codex: this stop follows one we blocked) does not by itself
     release the agent — the budget is the stop condition — but idle_blocks (consecutive blocks
     with no progress in between) at max_idle_blocks does, so a stuck agent cannot loop forever.
     max_idle_blocks 0 disables that cap.
     """
-    st = _status_dict(status)
-    if st is None or st.get("should_stop"):
+    if status["should_stop"]:
         return None
     if max_idle_blocks and idle_blocks >= max_idle_blocks:
         return None
-    reason = str(st.get("next_step") or "") or _default_next_step(str(st.get("reason") or ""))
-    return {"decision": "block", "reason": reason}
+    return {"decision": "block", "reason": status["next_step"]}
 
 
 UNAVAILABLE_PROGRESS = -1   # the progress mark while the loop cannot be imported: never moves, so the cap applies
 
 
-def load_status(root) -> Optional[dict]:
+def load_status(root) -> LoopStatus:
     """The loop's budget status from mcp_server.loop.status.loop_status. Fails closed: when the loop
     cannot be imported, a status that blocks with the fix (the idle-block cap still releases the agent)."""
     try:
@@ -71,15 +55,7 @@ def load_status(root) -> Optional[dict]:
                 "next_step": (f"loopwright cannot read the campaign's budget: importing mcp_server.loop.status "
                               f"failed ({e}). Do not stop: ask for the install to be repaired (`pip install "
                               "loopwright`, then `loopwright doctor`), or keep working with the MCP tools.")}
-    return _status_dict(loop_status(root))
-
-
-def _progress_mark(status: dict) -> str:
-    """Changes when the loop made progress (an experiment ran). Prefer an explicit counter."""
-    for key in ("progress", "experiments", "experiments_done", "n_experiments", "experiments_used"):
-        if key in status:
-            return json.dumps(status[key], default=str)
-    return json.dumps(status, sort_keys=True, default=str)
+    return loop_status(root)
 
 
 def _stop_counter_path(policy: Policy, session_id: str) -> Optional[str]:
@@ -94,17 +70,15 @@ def run_stop(payload: dict, root: str) -> Optional[dict]:
     if os.environ.get("LOOPWRIGHT_SESSION_LEVEL") == "outer":
         return None   # an outer-loop session (launch --level outer) runs no experiments: the budget is not its cue
     status = load_status(root)
-    if status is None:
-        return None
     counter = _stop_counter_path(load_policy(root), str(payload.get("session_id") or ""))
-    mark = _progress_mark(status)
+    mark = status["progress"]   # changes when the loop made progress (an experiment ran)
     saved = _read_json(counter) if counter else {}
     idle = 0
     if payload.get("stop_hook_active") and saved.get("mark") == mark:
         idle = int(saved.get("blocks", 0))
     cap = _int_env("LOOPWRIGHT_STOP_MAX_IDLE_BLOCKS", DEFAULT_MAX_IDLE_STOP_BLOCKS)
     decision = stop_decision(payload, status, idle, cap)
-    if decision is None and status and not status.get("should_stop"):
+    if decision is None and not status["should_stop"]:
         note(f"loopwright guard: {idle} stop attempts in a row without progress; letting the agent stop")
     if counter:
         _write_json(counter, {"mark": mark, "blocks": idle + 1} if decision else {})

@@ -5,12 +5,25 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import TypedDict
 
 from mcp_server.loop import asyncrun
 from mcp_server.loop.engine import Engine
 
 
-def loop_status(root: Path | str) -> dict:
+class _LoopStatusRequired(TypedDict):
+    should_stop: bool
+    reason: str
+    next_step: str
+    progress: int                 # grows whenever the agent moves the loop (ledger.progress_mark)
+
+
+class LoopStatus(_LoopStatusRequired, total=False):
+    """What loop_status gives the Stop hook (mcp_server/guard/stop.py reads exactly this)."""
+    waiting_approvals: list[int]  # only when the budget is not spent
+
+
+def loop_status(root: Path | str) -> LoopStatus:
     """For the Stop hook: should the agent stop, and if not, what next."""
     eng = Engine(root, recover=False)
     try:
