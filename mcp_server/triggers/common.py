@@ -1,10 +1,9 @@
 """What the cron and webhook triggers share: the session lock and the call into the launcher."""
 from __future__ import annotations
 
-import inspect
 import os
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Mapping, Optional
 
 from mcp_server.common.locks import FileLock
 
@@ -63,11 +62,10 @@ def record_failure(root: Path | str, agent: str, trigger: str, detail: str, erro
 
 
 def launch(root: Path | str, *, agent: str, trigger: str, detail: str,
-           max_session_minutes: Optional[float] = None, level: Optional[str] = None) -> None:
-    """Start one headless agent session with the launcher (mcp_server.agents.launch), passing the
-    optional arguments only where the launcher accepts them. Unattended, nobody sees a refusal:
-    a missing connector token refuses the session too, and every refusal is recorded
-    (record_failure) before it is raised."""
+           max_session_minutes: Optional[float] = None, level: str = "inner") -> None:
+    """Start one headless agent session with the launcher (mcp_server.agents.launch). Unattended,
+    nobody sees a refusal: a missing connector token refuses the session too, and every refusal
+    is recorded (record_failure) before it is raised."""
     from mcp_server.agents.launch import LaunchError, launch_session  # lazily: the triggers test without it
 
     try:
@@ -76,15 +74,8 @@ def launch(root: Path | str, *, agent: str, trigger: str, detail: str,
             raise LaunchError("not starting an unattended session: " + "; ".join(missing) + ". Give this job "
                               "the variable (loopwright never writes tokens into a crontab or unit: put it in "
                               "the environment cron or systemd gives the job), or remove the connector")
-        _launch(launch_session, root, agent, trigger, detail, max_session_minutes, level)
+        launch_session(Path(root), agent, trigger=trigger, detail=detail,
+                       max_session_minutes=max_session_minutes, level=level)
     except LaunchError as e:
         record_failure(root, agent, trigger, detail, str(e))
         raise
-
-
-def _launch(launch_session, root, agent, trigger, detail, max_session_minutes, level) -> None:
-    optional: dict[str, Any] = {"detail": detail, "max_session_minutes": max_session_minutes, "level": level}
-    params = inspect.signature(launch_session).parameters
-    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    extra = {k: v for k, v in optional.items() if v is not None and (takes_any or k in params)}
-    launch_session(Path(root), agent=agent, trigger=trigger, **extra)
