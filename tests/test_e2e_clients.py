@@ -15,6 +15,7 @@ installs a clean checkout as a plugin marketplace in an isolated CODEX_HOME
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -286,8 +287,9 @@ def test_claude_code_sandbox_keeps_a_hook_allowed_bash_write_out_of_the_state_di
     state = Workspace.open(root).state_dir
     db = state / "state.db"
     before = (hashlib.sha256(db.read_bytes()).hexdigest(), sorted(p.name for p in state.iterdir()))
-    # a path the guard cannot see: joined at run time
-    attack = (f"python3 -c \"import os; d = os.sep.join(['{state.parent}', '{state.name}']); "
+    # a path the guard cannot see: joined at run time from its components (no literal state-home path)
+    parts = [p for p in str(state).split(os.sep) if p]
+    attack = (f"python3 -c \"import os; d = os.sep + os.sep.join({parts!r}); "
               "open(os.path.join(d, 'state.db'), 'ab').write(b'forged'); "
               "open(os.path.join(d, 'planted'), 'w').write('x'); print('wrote', d)\"")
     scratch = clients.scratch_dir(state) / "note.txt"
