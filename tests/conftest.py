@@ -21,6 +21,19 @@ FAST = {"benchmark": {"time_budget": 25.0, "grace_seconds": 45.0, "eval_tokens":
         "budget": {"max_experiments": 100, "max_hours": 10.0, "max_cost_usd": 10.0}}
 
 
+# The start of a probe script run as the agent would run it: attempt(name, fn) records "ok" or the OSError's
+# name in `out` (tests/test_deployments.py, tests/test_workspace_configs.py).
+PROBE_ATTEMPT = r'''
+out = {}
+def attempt(name, fn):
+    try:
+        fn()
+        out[name] = "ok"
+    except OSError as e:
+        out[name] = type(e).__name__
+'''
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _loopwright_home(tmp_path_factory):
     """Every test's state directories under one private temp home (never the user's ~/.local/share)."""

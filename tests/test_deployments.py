@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FAST, REPO, hobbled_bench
+from conftest import FAST, PROBE_ATTEMPT, REPO, hobbled_bench
 
 TOOLS = ("useradd", "userdel", "groupadd", "groupdel", "runuser")
 
@@ -84,13 +84,7 @@ print(json.dumps({"state": str(ws.state_dir), "data": str(ws.data_dir), "db": st
 PROBE = r"""
 import json, os, sys
 state, data, db, ws, corpus = sys.argv[1:6]
-out = {}
-def attempt(name, fn):
-    try:
-        fn()
-        out[name] = "ok"
-    except OSError as e:
-        out[name] = type(e).__name__
+""" + PROBE_ATTEMPT + r"""
 def append(path):
     with open(path, "a") as f:
         f.write("\n# x\n")

@@ -34,6 +34,8 @@ import pytest  # noqa: E402
 
 from mcp_server.agents import clients  # noqa: E402
 
+from conftest import PROBE_ATTEMPT  # noqa: E402
+
 STATE = Path("/state/ws-abc")
 
 
@@ -153,13 +155,7 @@ def test_plugin_installed_by_the_real_claude_cli_is_detected(tmp_path):
 PROBE = r"""
 import json, os, sys
 state, ws, scratch = sys.argv[1:4]
-out = {}
-def attempt(name, fn):
-    try:
-        fn()
-        out[name] = "ok"
-    except OSError as e:
-        out[name] = type(e).__name__
+""" + PROBE_ATTEMPT + r"""
 def write(path):
     with open(path, "a") as f:
         f.write("x")
