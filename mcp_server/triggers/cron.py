@@ -30,6 +30,7 @@ from zoneinfo import ZoneInfo
 
 from croniter import croniter
 
+from mcp_server.loop.config import ScheduleConfig
 from mcp_server.triggers.common import SESSION_LOCK, SessionLock, launch
 
 log = logging.getLogger("loopwright.cron")
@@ -37,7 +38,7 @@ UTC = timezone.utc
 STATE_NAME = "cron.json"
 MIN_GRACE = timedelta(seconds=60)   # a tick lands within a minute of its fire even with grace 0
 
-StartSession = Callable[[object, str], None]   # (schedule, trigger_detail) -> None
+StartSession = Callable[[ScheduleConfig, str], None]   # (schedule, trigger_detail) -> None
 
 
 def schedule_key(s) -> str:
@@ -180,9 +181,9 @@ class Scheduler:
 
 # -- wiring for the CLI ---------------------------------------------------------
 def default_starter(root: Path | str) -> StartSession:
-    def start(schedule, detail: str) -> None:
+    def start(schedule: ScheduleConfig, detail: str) -> None:
         launch(root, agent=schedule.agent, trigger="cron", detail=detail,
-               max_session_minutes=schedule.max_session_minutes, level=getattr(schedule, "level", "inner"))
+               max_session_minutes=schedule.max_session_minutes, level=schedule.level)
     return start
 
 
