@@ -25,20 +25,22 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Callable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Optional, Sequence
 from zoneinfo import ZoneInfo
 
 from croniter import croniter
 
-from mcp_server.loop.config import ScheduleConfig
 from mcp_server.triggers.common import SESSION_LOCK, SessionLock, launch
+
+if TYPE_CHECKING:   # the config (pydantic) loads only where a schedule is read, as before
+    from mcp_server.loop.config import ScheduleConfig
 
 log = logging.getLogger("loopwright.cron")
 UTC = timezone.utc
 STATE_NAME = "cron.json"
 MIN_GRACE = timedelta(seconds=60)   # a tick lands within a minute of its fire even with grace 0
 
-StartSession = Callable[[ScheduleConfig, str], None]   # (schedule, trigger_detail) -> None
+StartSession = Callable[["ScheduleConfig", str], None]   # (schedule, trigger_detail) -> None
 
 
 def schedule_key(s) -> str:
