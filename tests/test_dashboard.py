@@ -100,6 +100,9 @@ def test_page_shows_the_campaign_and_escapes_agent_text(ws):
         with Engine(ws.root, read_only=True) as eng:
             bad = next(e for e in eng.ledger.experiments(eng.campaign["id"]) if e["description"] == HOSTILE)
             ref = eng.ledger.experiment(bad["paired_with"])
+            brief = eng.ledger.experiments_brief(eng.campaign["id"])      # what the chart reads: no logs
+            assert [r["id"] for r in brief] == [r["id"] for r in eng.ledger.experiments(eng.campaign["id"])]
+            assert "log_tail" not in brief[0] and "metrics_json" not in brief[0]
         d = cl.get(f"/w/0/experiments/{bad['id']}")
         assert d.status_code == 200
         assert "-LR = 0.008" in d.text and "+LR = 0.0003" in d.text
@@ -262,6 +265,26 @@ def _get(opener, url: str):
         return None
 
 
+def test_a_campaign_on_ray_shows_its_cluster_runs_in_flight_and_workers(ws):
+    """The executor view comes from the ledger alone (no cluster is contacted): the address, the runs in
+    flight with their attempts, and the workers that ran the finished ones."""
+    set_setting(ws.root, "executor.kind", "ray")
+    set_setting(ws.root, "executor.address", "ray://10.0.0.5:10001")
+    set_setting(ws.root, "executor.parallel", "4")
+    with Engine(ws.root, read_only=True) as eng:
+        c = eng.campaign
+        done = eng.ledger.experiments(c["id"])[-1]
+        eng.ledger.update_experiment(done["id"], metrics_json=json.dumps({"worker": "ray:node7:gpu-host-3"}))
+        run = eng.ledger.start_experiment(c["id"], "in flight on the cluster", commit_sha=c["best_commit"],
+                                          parent_commit=c["best_commit"], seed=1234, role="candidate")
+        eng.ledger.add_inflight(run, c["id"], "ray", attempt=2)
+    app, _ = make_app(ws)
+    with client(app) as cl:
+        page = cl.get("/w/0/").text
+    assert "ray at ray://10.0.0.5:10001, parallel 4" in page and "ray:node7:gpu-host-3 (1 runs" in page
+    assert "<dt>in flight</dt><dd>1</dd>" in page and "<span class=\"state state-running\">running</span>" in page
+
+
 def test_all_lists_every_workspace(tmp_path, small_corpus, ws):
     other = make_workspace(tmp_path / "other", small_corpus, tag="u")
     roots = data.discover()
@@ -276,6 +299,29 @@ def test_all_lists_every_workspace(tmp_path, small_corpus, ws):
 
 
 # --------------------------------------------------------------------------- a real server and a real browser
+
+def test_train_py_sandbox_cannot_reach_the_dashboard(ws, tmp_path):
+    """train.py runs in bubblewrap without the host's network: the loopback dashboard is out of its reach."""
+    import subprocess
+    import sys
+
+    from mcp_server.loop import sandbox
+
+    if not sandbox.detect().available:
+        pytest.skip("no OS sandbox here (bubblewrap); .ci/run installs it")
+    port = free_port()
+    app, _ = make_app(ws, port=port)
+    probe = tmp_path / "probe.py"
+    probe.write_text("import socket, sys\ntry:\n    socket.create_connection(('127.0.0.1', int(sys.argv[1])), 3)\n"
+                     "    print('reached')\nexcept OSError as e:\n    print('refused', type(e).__name__)\n")
+    with serving(app, port):
+        socket.create_connection(("127.0.0.1", port), 3).close()      # reachable from the host
+        cmd = sandbox.build_command([sys.executable, str(probe), str(port)], workspace=ws.root, hide=[ws.state_dir],
+                                    scratch=tmp_path / "scratch", ro_binds=[probe], cwd=ws.root)
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=60,
+                           env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert r.stdout.startswith("refused"), (r.stdout, r.stderr)
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -358,14 +404,13 @@ def wait_for(fn, timeout: float = 30.0, what: str = "condition"):
 
 
 def shot(drv, name: str) -> None:
-    """docs/dashboard-<name>.png: the whole page (the window grown to its height, then put back)."""
+    """docs/dashboard-<name>.png: the whole page, beyond the window (Chrome DevTools' screenshot)."""
     DOCS.mkdir(exist_ok=True)
-    size = drv.get_window_size()
-    drv.set_window_size(size["width"], min(2400, drv.execute_script("return document.body.scrollHeight") + 40))
-    try:
-        drv.save_screenshot(str(DOCS / f"dashboard-{name}.png"))
-    finally:
-        drv.set_window_size(size["width"], size["height"])
+    size = drv.execute_cdp_cmd("Page.getLayoutMetrics", {})["cssContentSize"]
+    png = drv.execute_cdp_cmd("Page.captureScreenshot", {
+        "format": "png", "captureBeyondViewport": True,
+        "clip": {"x": 0, "y": 0, "width": size["width"], "height": min(size["height"], 2600), "scale": 1}})
+    (DOCS / f"dashboard-{name}.png").write_bytes(base64.b64decode(png["data"]))
 
 
 def test_in_a_browser_token_csrf_hostile_text_and_approve(ws, browser):
@@ -410,11 +455,10 @@ def test_in_a_browser_token_csrf_hostile_text_and_approve(ws, browser):
         app.state.appliers.join(60)
         a = approval(ws)
         assert (a["status"], a["decided_via"], a["decision_note"]) == ("applied", "dashboard", "ship it")
-        # the experiment page, for the docs
         browser.get(base + f"/w/0/experiments/{a['experiment_id']}")
         wait_for(lambda: browser.find_elements(By.ID, "diff"), what="the experiment page")
         assert "+LR = 0.005" in browser.find_element(By.ID, "diff").text
-        shot(browser, "experiment")
+        assert "approved by ana via dashboard" in browser.find_element(By.ID, "summary").text
 
 
 def views_url(base: str, token: str) -> str:
@@ -423,6 +467,7 @@ def views_url(base: str, token: str) -> str:
     return link_with_token(base, token)
 
 
+@pytest.mark.slow
 def test_in_a_browser_the_chart_updates_when_a_real_run_finishes(tmp_path, small_corpus, browser):
     """One real tiny run, while the browser shows the page and a second client holds an SSE stream open and
     never reads it: the run is not slowed or blocked, and the chart gains its point."""
@@ -459,3 +504,12 @@ def test_in_a_browser_the_chart_updates_when_a_real_run_finishes(tmp_path, small
             stalled.close()
         assert took < 120, f"a 4-step tiny run took {took:.0f} s with a stalled SSE client"
         shot(browser, "live-chart")
+        # the real run's page: its seed, the baseline run it is paired with, the difference, diff and log
+        browser.get(base + f"/w/0/experiments/{res.experiment_id}")
+        runs = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#runs tbody tr"), what="the paired runs")
+        with Engine(ws.root, read_only=True) as eng:
+            row = eng.ledger.experiment(res.experiment_id)
+        assert len(runs) == 1 and f"#{row['paired_with']}" in runs[0].text and str(row["seed"]) in runs[0].text
+        assert "+LR = 0.003" in browser.find_element(By.ID, "diff").text
+        assert browser.find_element(By.ID, "log").text.strip() != "Log tail\n(no log)"
+        shot(browser, "experiment")

@@ -115,6 +115,23 @@ def create_app(sources: list[data.Source], guard: Guard, who: str,  # noqa: C901
         return html(views.message_page("decided" if result.ok else "not decided", result.message, back),
                     200 if result.ok else 409)
 
+    # one reading of the ledgers per poll interval, however many browsers listen
+    cache: dict = {"at": -1.0, "versions": []}
+    cache_lock = asyncio.Lock()
+
+    async def versions() -> list[str]:
+        async with cache_lock:
+            now = asyncio.get_running_loop().time()
+            if now - cache["at"] >= poll_s * 0.9:
+                out = []
+                for s in sources:
+                    try:
+                        out.append(json.dumps(await read(s.version)))
+                    except Exception as e:  # noqa: BLE001 - a ledger being migrated or moved: say so, keep going
+                        out.append(f"error: {type(e).__name__}")
+                cache.update(at=now, versions=out)
+            return cache["versions"]
+
     async def events(request: Request) -> Response:
         async def stream() -> AsyncIterator[str]:
             last: list = [None] * len(sources)
@@ -122,14 +139,10 @@ def create_app(sources: list[data.Source], guard: Guard, who: str,  # noqa: C901
             yield "retry: 2000\n\n"
             while True:
                 changed = []
-                for s in sources:
-                    try:
-                        v = json.dumps(await read(s.version))
-                    except Exception as e:  # noqa: BLE001 - a ledger being migrated or moved: say so, keep going
-                        v = f"error: {type(e).__name__}"
-                    if v != last[s.index]:
-                        last[s.index] = v
-                        changed.append(s.index)
+                for i, v in enumerate(await versions()):
+                    if v != last[i]:
+                        last[i] = v
+                        changed.append(i)
                 if changed:
                     quiet = 0.0
                     yield f"event: change\ndata: {json.dumps({str(i): last[i] for i in changed})}\n\n"

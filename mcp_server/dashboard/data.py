@@ -104,7 +104,7 @@ def snapshot(src: Source) -> dict:
         if c is None:
             return {**base, "tag": None, "state": "no campaign", "points": [], "approvals": [], "overview": {}}
         led = eng.ledger
-        rows = led.experiments(c["id"])
+        rows = led.experiments_brief(c["id"])
         b = eng.budget(c)
         s = eng.summary(c)
         waiting = approvals.waiting(led, c["id"])

@@ -431,6 +431,16 @@ class Ledger:
             sql += f" LIMIT {int(limit)}"
         return [dict(r) for r in self.conn.execute(sql, (campaign_id, *params))]
 
+    # what a chart or table of every experiment needs: no logs or metrics (kilobytes a row in a long campaign)
+    BRIEF_COLUMNS = ("id", "campaign_id", "commit_sha", "parent_commit", "description", "status", "verdict",
+                     "verdict_reason", "is_baseline", "confirm_of", "seed", "val_bpb", "test_bpb", "num_steps",
+                     "reason", "role", "paired_with", "seed_set", "started_at", "finished_at")
+
+    def experiments_brief(self, campaign_id: int) -> list[dict]:
+        """Every experiment of a campaign, oldest first, with BRIEF_COLUMNS only."""
+        return [dict(r) for r in self.conn.execute(
+            f"SELECT {', '.join(self.BRIEF_COLUMNS)} FROM experiments WHERE campaign_id=? ORDER BY id", (campaign_id,))]
+
     def count_experiments(self, campaign_id: int, where: str = "", params: Iterable[Any] = ()) -> int:
         sql = "SELECT COUNT(*) FROM experiments WHERE campaign_id=?" + (f" AND ({where})" if where else "")
         return int(self.conn.execute(sql, (campaign_id, *params)).fetchone()[0])
