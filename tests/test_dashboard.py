@@ -293,7 +293,10 @@ def test_all_lists_every_workspace(tmp_path, small_corpus, ws):
     with client(app) as cl:
         page = cl.get("/").text
         assert 'href="/w/0/"' in page and 'href="/w/1/"' in page and "no campaign" not in page
+        assert 'data-live="/fragments"' in page and "data-index" not in page     # refreshes on any change
         assert cl.get("/w/1/").status_code == 200
+        listed = cl.get("/fragments").json()["parts"]["workspaces"]
+        assert str(ws.root) in listed and str(other.root) in listed and "waiting" in listed
     with pytest.raises(data.DashboardError, match="cannot show"):
         data.sources([tmp_path / "nowhere"])
 
@@ -434,7 +437,20 @@ def test_in_a_browser_token_csrf_hostile_text_and_approve(ws, browser):
             "var done = arguments[0]; fetch('/w/0/approvals/1', {method: 'POST', body: new URLSearchParams("
             "{decision: 'approve', csrf: 'x'})}).then(function (r) { done(r.status); });")
         assert status == 403
-        # filters hide what does not match
+        # hovering a point shows its experiment, description and verdict (as text)
+        from selenium.webdriver.common.action_chains import ActionChains
+        from selenium.webdriver.support.ui import Select
+
+        [hostile] = [c for c in browser.find_elements(By.CSS_SELECTOR, "#progress circle")
+                     if "discard" in c.get_attribute("data-label")]
+        ActionChains(browser).move_to_element(hostile).perform()
+        tip = wait_for(lambda: [t for t in browser.find_elements(By.ID, "tip") if t.is_displayed()], what="the tip")[0]
+        assert tip.text.startswith("#3 discard: <img src=x") and "val_bpb 2.0400" in tip.text
+        # filters hide what does not match: by verdict, and by text
+        Select(browser.find_element(By.ID, "f-verdict")).select_by_value("crash")
+        shown = [r.text for r in browser.find_elements(By.CSS_SELECTOR, "#exp-table tbody tr") if r.is_displayed()]
+        assert len(shown) == 1 and "a crash" in shown[0]
+        Select(browser.find_element(By.ID, "f-verdict")).select_by_value("")
         browser.find_element(By.ID, "f-text").send_keys("learning rate")
         visible = [r for r in browser.find_elements(By.CSS_SELECTOR, "#exp-table tbody tr") if r.is_displayed()]
         assert len(visible) == 1 and "raise the learning rate" in visible[0].text

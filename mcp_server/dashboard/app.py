@@ -28,6 +28,9 @@ from starlette.staticfiles import StaticFiles
 
 from mcp_server.dashboard import actions, data, views
 from mcp_server.dashboard.auth import COOKIE, Guard
+from mcp_server.ledger.store import LedgerError
+from mcp_server.loop.errors import LoopError
+from mcp_server.loop.workspace import WorkspaceError
 
 log = logging.getLogger("loopwright.dashboard")
 STATIC = Path(__file__).parent / "static"
@@ -167,6 +170,8 @@ def create_app(sources: list[data.Source], guard: Guard, who: str,  # noqa: C901
                 return await endpoint(request)
             except (LookupError, ValueError) as e:
                 return html(views.message_page("not found", str(e), "/"), 404)
+            except (LedgerError, LoopError, WorkspaceError) as e:   # e.g. a ledger from a newer loopwright
+                return html(views.message_page("cannot show this workspace", str(e), "/"), 503)
         return wrapped
 
     async def no_slash(request: Request) -> Response:
@@ -196,4 +201,5 @@ def serve(roots: list[Path], host: str, port: int, allow_remote: bool, read_only
     url = views.link_with_token(f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else shown}:{port}", guard.token)
     if on_start is not None:
         on_start(url)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    # open SSE streams never end by themselves: give them a moment at Ctrl-C, then close them
+    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2)

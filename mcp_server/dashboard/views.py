@@ -186,8 +186,14 @@ def approvals(s: dict, can_act: bool, csrf: str, read_only: bool) -> str:
     return head + f"<ul class=\"approvals\">{''.join(out)}</ul>"
 
 
+TABLE_ROWS = 1000    # the newest; the chart shows every experiment
+
+
 def experiments(s: dict) -> str:
-    pts = list(reversed(s.get("points", [])))
+    every = s.get("points", [])
+    pts = list(reversed(every))[:TABLE_ROWS]
+    more = (f"<p class=\"note\">The newest {TABLE_ROWS} of {len(every)} experiments (the filters search these); "
+            "`loopwright export-tsv` has them all.</p>" if len(every) > TABLE_ROWS else "")
     verdicts = sorted({p["verdict"] or p["status"] for p in pts})
     opts = "".join(f"<option value=\"{h(v)}\">{h(v)}</option>" for v in verdicts)
     rows = "".join(
@@ -200,7 +206,7 @@ def experiments(s: dict) -> str:
             f"</option>{opts}</select></label> <label>search <input id=\"f-text\" type=\"search\" "
             "placeholder=\"description, reason\"></label></div><table id=\"exp-table\"><thead><tr><th>#</th>"
             "<th>verdict</th><th>val_bpb</th><th>paired gain</th><th>runs</th><th>description</th><th>reason</th>"
-            f"</tr></thead><tbody>{rows}</tbody></table>")
+            f"</tr></thead><tbody>{rows}</tbody></table>{more}")
 
 
 def experiment(index_: int, d: dict) -> str:
