@@ -571,6 +571,16 @@ class Ledger:
             "COALESCE((SELECT best_experiment_id FROM campaigns WHERE id=?), 0)",
             (campaign_id, campaign_id)).fetchone()[0])
 
+    # what a chart or table of every experiment needs: no logs or metrics (kilobytes a row in a long campaign)
+    BRIEF_COLUMNS = ("id", "campaign_id", "commit_sha", "parent_commit", "description", "status", "verdict",
+                     "verdict_reason", "is_baseline", "confirm_of", "seed", "val_bpb", "test_bpb", "num_steps",
+                     "reason", "role", "paired_with", "seed_set", "started_at", "finished_at")
+
+    def experiments_brief(self, campaign_id: int) -> list[dict]:
+        """Every experiment of a campaign, oldest first, with BRIEF_COLUMNS only."""
+        return [dict(r) for r in self.conn.execute(
+            f"SELECT {', '.join(self.BRIEF_COLUMNS)} FROM experiments WHERE campaign_id=? ORDER BY id", (campaign_id,))]
+
     def campaign_counts(self, campaign_id: int) -> dict[str, int]:
         """The summary counts, each a seek on an index rather than a pass over every row."""
         q = {

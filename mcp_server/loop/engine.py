@@ -57,14 +57,18 @@ __all__ = ["Engine", "LoopError", "Busy"]
 
 
 class Engine:
-    def __init__(self, root: Path | str | None = None, recover: bool = True):
+    def __init__(self, root: Path | str | None = None, recover: bool = True, read_only: bool = False):
         self.ws = Workspace.find(root) if root is None else Workspace.open(root)
         self.ledger = self.ws.ledger()
+        self.notices: list[str] = []
+        if read_only:
+            # a viewer (the dashboard): it never takes the experiment lock nor writes, so a live loop is never
+            # held up by it; orphaned rows and the pin are the next writer's to recover and check
+            return
         # Orphaned `running` rows (a CLI or server killed with -9) are recovered by every entry point:
         # safe even with recover=False, since a live run holds the experiment lock and recover() skips then.
         # So are candidates left waiting for a score that can never come (an interrupted seed run, also in rows
         # of older versions) and an edit kept on disk by a run that was killed (recover() takes the lock first).
-        self.notices: list[str] = []
         if recover or self.ledger.running_experiments() or self.ledger.interrupted_candidates() \
                 or (self.ws.state_dir / KEPT_EDIT).is_dir():
             self.recover()
