@@ -174,6 +174,16 @@ def test_approve_goes_through_the_decision_code_and_moves_the_best(ws):
         assert eng.ledger.experiment(keep["experiment_id"])["verdict"] == "keep"
         assert [e["payload"]["approval_id"] for e in eng.ledger.events(kind="approval_decided")] == [1]
     assert gitops.head_sha(ws.root) == keep["commit_sha"]
+    # a replay of the kept change shows on its page: per fresh seed, parent and child, and the outcome
+    with Engine(ws.root, read_only=True) as eng:
+        cid, eid = eng.campaign["id"], keep["experiment_id"]
+        for seed, parent, child in ((2001, 2.00, 1.81), (2002, 2.01, 1.83)):
+            eng.ledger.add_replay_run(cid, 1, eid, "parent", keep["base_commit"], seed, "ok", parent, 4, None, time.time())
+            eng.ledger.add_replay_run(cid, 1, eid, "child", keep["commit_sha"], seed, "ok", child, 4, None, time.time())
+    with client(app) as cl:
+        page = cl.get(f"/w/0/experiments/{eid}").text
+    assert "Replay #1: <b>holds</b>, mean paired gain +0.1850" in page
+    assert "<td>2001</td><td>2.0000</td><td>1.8100</td><td>-0.1900</td>" in page
 
 
 def test_read_only_mode_changes_nothing(ws):
@@ -209,6 +219,13 @@ def test_the_cli_refuses_bad_bindings_and_the_guard_refuses_the_agent(ws, capsys
     assert "--allow-remote" in capsys.readouterr().err
     assert cli_main(["dashboard", "--workspace", str(ws.root), "--all"]) == 2
     assert cli_main(["dashboard", "--workspace", str(ws.root), "--port", "0"]) == 2
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        capsys.readouterr()
+        assert cli_main(["dashboard", "--workspace", str(ws.root), "--port", str(port)]) == 2
+        assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
     assert "dashboard" in HUMAN_COMMANDS
     from test_guard import decide, payload
 
