@@ -208,7 +208,7 @@ def test_rewritten_git_object_of_the_evaluator_is_detected(ws):
     (ws.root / "train.py").write_text((ws.root / "train.py").read_text() + "\n# a change\n")
     with pytest.raises(LoopError, match="tampered"):
         eng.run_experiment("after tampering with .git")
-    assert eng.ledger.count_experiments(eng.campaign["id"], "is_baseline=0") == 0
+    assert not eng.ledger.recent_non_baseline(eng.campaign["id"], limit=1)
 
 
 FAKE_EVALUATOR = '''

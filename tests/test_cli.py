@@ -14,7 +14,8 @@ from mcp_server.cli.registry import COMMANDS, Command, register
 from conftest import make_workspace
 
 EXPECTED = {"init", "status", "export-tsv", "report", "serve", "run-experiment", "score", "revert", "budget",
-            "stop", "replay", "run", "demo", "launch", "cron", "webhook", "notify", "doctor", "codex-config", "guard"}
+            "stop", "replay", "run", "demo", "launch", "cron", "webhook", "notify", "doctor", "codex-config", "guard",
+            "dashboard"}
 
 
 def _cli(*args: str, cwd=None) -> subprocess.CompletedProcess:

@@ -108,6 +108,8 @@ def test_ledger_wal_and_migrations(tmp_path):
     raw.execute("DROP TABLE approvals")                              # undo migration 8 (9 is a no-op here)
     raw.execute("DROP TABLE submissions")                            # undo migrations 11 and 12 (async runs)
     raw.execute("DROP TABLE inflight")
+    raw.execute("DROP TABLE seed_set_seeds")                         # undo migration 13 (seed sets)
+    raw.execute("DROP TABLE seed_sets")
     raw.execute("PRAGMA user_version = 1")
     raw.commit()
     raw.close()

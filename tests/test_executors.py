@@ -115,10 +115,10 @@ def check_consistent(eng: Engine):
     assert all(s["decided_at"] for s in eng.ledger.submissions(c["id"]))
     assert gitops.head_sha(eng.ws.root) == c["best_commit"]
     r = gitops.repo(eng.ws.root)
-    for e in eng.ledger.experiments(c["id"], where="verdict='keep' AND confirm_of IS NULL"):
+    for e in eng.ledger.kept_candidates(c["id"]):
         assert r.is_ancestor(e["commit_sha"], c["best_commit"])
     used, _ = eng.ledger.usage(c["id"])
-    assert used == eng.ledger.count_experiments(c["id"], "status NOT IN ('running','lost')")
+    assert used == sum(x["status"] not in ("running", "lost") for x in eng.ledger.experiments(c["id"]))
 
 
 def run_async_campaign(ws_root, good_lr="0.004"):

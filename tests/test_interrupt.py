@@ -61,7 +61,7 @@ def test_ctrl_c_in_a_later_seed_run_closes_the_candidate(ws, monkeypatch):
     _fake_runs(monkeypatch, [1.9, KeyboardInterrupt()])
     with pytest.raises(KeyboardInterrupt):
         eng.run_experiment("LR 0.005")
-    cand = eng.ledger.experiments(eng.campaign["id"], where="role='candidate'")[0]
+    cand = [r for r in eng.ledger.experiments(eng.campaign["id"]) if r["role"] == "candidate"][0]
     pair = eng.ledger.confirm_runs(cand["id"])[0]
     assert pair["status"] == "interrupted" and "interrupted" in pair["reason"]
     assert cand["status"] == "ok" and cand["val_bpb"] == 1.9          # what was recorded stays
@@ -252,7 +252,7 @@ def test_a_run_killed_while_the_loop_is_stopping_is_not_a_crash(ws, monkeypatch)
     procs.note_stopping()
     with pytest.raises(Exception, match="stopped"):
         eng.run_experiment("LR 0.005")
-    row = eng.ledger.experiments(eng.campaign["id"], where="role='candidate'")[0]
+    row = [r for r in eng.ledger.experiments(eng.campaign["id"]) if r["role"] == "candidate"][0]
     assert row["status"] == "interrupted" and row["verdict"] is None
     assert not eng.ledger.events(eng.campaign["id"], kind="crash")
     assert eng.summary().pending_score == [] and eng.summary().crashed == 0

@@ -204,3 +204,45 @@ def test_the_wheel_lists_every_package():
                if "__pycache__" not in p.parts}
     assert on_disk - listed == set(), "add these to [tool.setuptools] packages in pyproject.toml"
     assert listed - on_disk == {"mcp_server._bench", "mcp_server._plugin"}   # data packages
+
+
+# --------------------------------------------------------------------------- SQL lives in the ledger
+
+LEDGER = PACKAGE / "ledger"
+# SQL as SQL (upper-case keywords in their grammar), not prose that happens to say "select" or "where".
+_SQL = re.compile(
+    r"\bSELECT\b.+\bFROM\b|\bINSERT\s+(?:OR\s+[A-Z]+\s+)?INTO\b|\bUPDATE\s+\w+\s+SET\b|\bDELETE\s+FROM\b"
+    r"|\bWHERE\b|\b(?:CREATE|DROP|ALTER)\s+(?:TABLE|INDEX)\b|\bPRAGMA\b|\bIS\s+(?:NOT\s+)?NULL\b"
+    r"|\w\s*(?:=|!=|<>|<|>)\s*\S+\s+(?:AND|OR)\s+\w|\bNOT\s+IN\s*\(|\bLIKE\s+['?]|\bCOALESCE\s*\("
+    r"|^\s*[a-z_]+\s*(?:=|!=|<>|<=|>=|<|>)\s*(?:\?|'[^']*'|\d+)\s*$", re.S)   # a lone condition: "id > ?"
+
+
+def sql_in(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, text) of each string constant that reads as SQL (f-string parts included)."""
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and _SQL.search(node.value)]
+
+
+def test_the_sql_check_sees_what_it_must():
+    planted = ('rows = led.experiments(1, where="is_baseline=0 AND confirm_of IS NULL")\n'
+               'n = c.execute(f"SELECT COUNT(*) FROM {t} WHERE id=?", (1,))\n'
+               'c.execute("UPDATE kv SET value=? WHERE key=?")\n'
+               'c.execute("INSERT OR IGNORE INTO kv(key, value) VALUES (?,?)")\n'
+               'q = "status NOT IN (\'running\')"\n'
+               'led.experiments(1, where="id > ?")\n'
+               'led.experiments(1, where="status != \'running\'")\n'
+               'led.count(1, "is_baseline=0")\n'
+               'msg = "select a run where the seed is fresh; update the settings and insert a note"\n'
+               'ax.step(xs, ys, where="post")\n')
+    assert sorted({line for line, _ in sql_in(ast.parse(planted))}) == [1, 2, 3, 4, 5, 6, 7, 8]
+
+
+def test_no_sql_outside_the_ledger():
+    """The ledger's methods are named questions; no other module writes SQL or passes a fragment of it."""
+    bad = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if LEDGER in path.parents:
+            continue
+        bad += [f"{path.relative_to(REPO)}:{line}: {text[:80]!r}"
+                for line, text in sql_in(ast.parse(path.read_text(encoding="utf-8")))]
+    assert not bad, "SQL outside mcp_server/ledger/ (add a named method to the Ledger instead):\n" + "\n".join(bad)

@@ -136,7 +136,7 @@ def test_campaign_runs_candidates_on_the_references_seeds(tmp_path, small_corpus
     with Engine(ws.root) as eng:
         base = eng.run_experiment("baseline")
         c = eng.campaign
-        base_rows = eng.ledger.experiments(c["id"], where="is_baseline=1")
+        base_rows = [r for r in eng.ledger.experiments(c["id"]) if r["is_baseline"]]
         base_seeds = sorted(r["seed"] for r in base_rows)
         assert base.baseline and base.baseline.seeds == base_seeds and len(base_seeds) == 2
         # a real improvement: the normal learning rate

@@ -181,7 +181,7 @@ def test_campaign_on_ray_two_nodes_then_a_worker_dies(tmp_path, ws, cluster):
     assert base.kind == "baseline" and len(base.runs) == 2 and base.executor == "ray"
     res = eng.wait([base.experiment_id], timeout=600)
     assert not res.timed_out and res.results[0].status == "ok", res
-    rows = eng.ledger.experiments(c["id"], where="status='ok'")
+    rows = [r for r in eng.ledger.experiments(c["id"]) if r["status"] == "ok"]
     workers = {json.loads(x["metrics_json"])["worker"].split(":")[1] for x in rows}
     assert len(rows) == 2 and len(workers) == 2, f"both nodes ran a run: {workers}"
     logs = [(eng.ws.run_dir(x["id"]) / "train.log").read_text() for x in rows]

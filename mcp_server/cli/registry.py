@@ -104,6 +104,8 @@ for _command in (
                                      "(`loopwright config set schedule.0.cron ...`)"),
     Command("webhook", "triggers:webhook", "receive GitHub / Slack / Jira / signed webhooks that start sessions"),
     Command("notify", "triggers:notify", "deliver pending Slack / Jira messages now"),
+    Command("dashboard", "dashboard:dashboard", "a live browser dashboard of the campaign (--all: every "
+                                                "workspace): chart, experiments, Approve / Reject; loopback only"),
     # the clients' side: wiring checks, Codex config, the hook entry point
     Command("doctor", "clients:doctor", "check the workspace, server, hooks and agent CLIs; say what to fix"),
     Command("wiring", "clients:wiring", "how Claude Code / Codex reach loopwright here (plugin or workspace files, "

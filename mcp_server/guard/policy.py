@@ -133,7 +133,7 @@ _AWK_WRITE_TOKENS = re.compile(r">|\||\bsystem\b")
 _LOOPWRIGHT_CODE = re.compile(r"mcp_server", re.IGNORECASE)
 # the loopwright CLI named in code (not `.loopwright/`, `loopwright.toml`) together with a person's command
 _CLI_NAME = re.compile(r"(?<![\w.-])loopwright(?![\w.-])", re.IGNORECASE)
-HUMAN_COMMANDS = ("approve", "reject", "config", "stop", "init", "launch", "cron", "webhook", "notify")
+HUMAN_COMMANDS = ("approve", "reject", "config", "stop", "init", "launch", "cron", "webhook", "notify", "dashboard")
 _HUMAN_WORD = re.compile(r"\b(?:" + "|".join(HUMAN_COMMANDS) + r")\b")
 _STATE_HOME_NAMES = re.compile(r"LOOPWRIGHT_HOME|XDG_DATA_HOME|share/loopwright")
 _PRIVATE_NAMES = re.compile(r"state\.db|eval\.json|reports", re.IGNORECASE)

@@ -12,6 +12,7 @@ import re
 import sqlite3
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional
 
@@ -286,6 +287,56 @@ MIGRATIONS.append("""
     UPDATE submissions SET reported_at = decided_at WHERE decided_at IS NOT NULL
 """)
 
+def _seed_sets_table(c: sqlite3.Connection) -> None:
+    """The campaign's seed sets get a table of their own (they were JSON under kv 'seedset:<campaign id>').
+    Each one is moved over in the same transaction; a value that is not a seed set, or one of a campaign
+    that does not exist, stays in kv where it was (nothing recorded is dropped)."""
+    c.execute("""
+        CREATE TABLE seed_sets (
+            campaign_id INTEGER NOT NULL REFERENCES campaigns(id),
+            set_index INTEGER NOT NULL,
+            since_candidates INTEGER NOT NULL,
+            created_at REAL NOT NULL,
+            PRIMARY KEY (campaign_id, set_index)
+        )""")
+    c.execute("""
+        CREATE TABLE seed_set_seeds (
+            campaign_id INTEGER NOT NULL,
+            set_index INTEGER NOT NULL,
+            position INTEGER NOT NULL,
+            seed INTEGER NOT NULL,
+            PRIMARY KEY (campaign_id, set_index, position),
+            FOREIGN KEY (campaign_id, set_index) REFERENCES seed_sets(campaign_id, set_index)
+        )""")
+    now = time.time()
+    for key, value in c.execute("SELECT key, value FROM kv WHERE key LIKE 'seedset:%'").fetchall():
+        cid = key.partition(":")[2]
+        try:
+            rec = json.loads(value)
+            index, since, seeds = int(rec["index"]), int(rec["since"]), [int(x) for x in rec["seeds"]]
+        except (ValueError, TypeError, KeyError):
+            continue
+        if not cid.isdigit() or c.execute("SELECT 1 FROM campaigns WHERE id=?", (int(cid),)).fetchone() is None:
+            continue
+        _insert_seed_set(c, int(cid), index, seeds, since, now)
+        c.execute("DELETE FROM kv WHERE key=?", (key,))
+
+
+def _insert_seed_set(c: sqlite3.Connection, campaign_id: int, index: int, seeds: list[int], since: int,
+                     now: float) -> bool:
+    """False (nothing written) when the campaign already has a set with this index."""
+    if c.execute("INSERT OR IGNORE INTO seed_sets(campaign_id, set_index, since_candidates, created_at) "
+                 "VALUES (?,?,?,?)", (campaign_id, index, since, now)).rowcount != 1:
+        return False
+    c.executemany("INSERT INTO seed_set_seeds(campaign_id, set_index, position, seed) VALUES (?,?,?,?)",
+                  [(campaign_id, index, k, s) for k, s in enumerate(seeds)])
+    return True
+
+
+# 13: seed sets as rows (the set each candidate runs on; rotation starts a new one)
+MIGRATIONS.append(_seed_sets_table)
+
+
 # Columns an experiment row may be updated with (guards against typos reaching SQL).
 _EXPERIMENT_FIELDS = {
     "commit_sha", "parent_commit", "description", "hypothesis", "status", "verdict", "verdict_reason",
@@ -298,6 +349,15 @@ _EXPERIMENT_FIELDS = {
 
 class LedgerError(RuntimeError):
     pass
+
+
+@dataclass(frozen=True)
+class SeedSet:
+    """One of a campaign's seed sets: its number, its seeds in order, and how many candidates the campaign
+    had when it started (rotation counts candidates from there)."""
+    index: int
+    seeds: tuple[int, ...]
+    since: int
 
 
 def _row(r: Optional[sqlite3.Row]) -> Optional[dict]:
@@ -423,17 +483,103 @@ class Ledger:
     def experiment(self, experiment_id: int) -> Optional[dict]:
         return _row(self.conn.execute("SELECT * FROM experiments WHERE id=?", (experiment_id,)).fetchone())
 
-    def experiments(self, campaign_id: int, limit: Optional[int] = None, newest_first: bool = False,
-                    where: str = "", params: Iterable[Any] = ()) -> list[dict]:
-        sql = "SELECT * FROM experiments WHERE campaign_id=?" + (f" AND ({where})" if where else "")
+    def experiments(self, campaign_id: int, limit: Optional[int] = None, newest_first: bool = False) -> list[dict]:
+        """Every row of the campaign (candidates, baseline, reference, pair and confirm runs) in id order."""
+        return self._experiments(campaign_id, "", (), limit, newest_first)
+
+    def _experiments(self, campaign_id: int, cond: str, params: Iterable[Any] = (), limit: Optional[int] = None,
+                     newest_first: bool = False) -> list[dict]:
+        sql = "SELECT * FROM experiments WHERE campaign_id=?" + (f" AND ({cond})" if cond else "")
         sql += " ORDER BY id " + ("DESC" if newest_first else "ASC")
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
         return [dict(r) for r in self.conn.execute(sql, (campaign_id, *params))]
 
-    def count_experiments(self, campaign_id: int, where: str = "", params: Iterable[Any] = ()) -> int:
-        sql = "SELECT COUNT(*) FROM experiments WHERE campaign_id=?" + (f" AND ({where})" if where else "")
-        return int(self.conn.execute(sql, (campaign_id, *params)).fetchone()[0])
+    def count_experiments(self, campaign_id: int) -> int:
+        """Rows of the campaign, runs of every role included."""
+        return int(self.conn.execute("SELECT COUNT(*) FROM experiments WHERE campaign_id=?",
+                                     (campaign_id,)).fetchone()[0])
+
+    # Named questions about a campaign's experiments: callers say what they ask, never how (no SQL outside
+    # this package). A "candidate" is an agent's change (not the baseline, not a confirm/pair/reference run).
+    def candidates(self, campaign_id: int, limit: Optional[int] = None, newest_first: bool = False) -> list[dict]:
+        return self._experiments(campaign_id, "is_baseline=0 AND confirm_of IS NULL", (), limit, newest_first)
+
+    def kept_candidates(self, campaign_id: int) -> list[dict]:
+        return self._experiments(campaign_id, "verdict='keep' AND confirm_of IS NULL AND is_baseline=0")
+
+    def prior_of_source(self, campaign_id: int, source_sha: str, skip_statuses: Iterable[str],
+                        skip_reason_prefix: Optional[str] = None) -> Optional[dict]:
+        """The first candidate that ran exactly this source (an exact repeat), ignoring rows whose status is
+        one of `skip_statuses` or whose verdict reason starts with `skip_reason_prefix` (the loop was
+        stopped, not the change)."""
+        st = list(skip_statuses)
+        cond = "source_sha=? AND confirm_of IS NULL"
+        params: list[Any] = [source_sha]
+        if st:
+            cond += f" AND status NOT IN ({','.join('?' * len(st))})"
+            params += st
+        if skip_reason_prefix is not None:
+            cond += " AND substr(COALESCE(verdict_reason, ''), 1, ?) != ?"
+            params += [len(skip_reason_prefix), skip_reason_prefix]
+        rows = self._experiments(campaign_id, cond, params, limit=1)
+        return rows[0] if rows else None
+
+    def pending_retests(self, campaign_id: int) -> list[dict]:
+        """Candidates whose verdict is 'retest' (a confirm run is due)."""
+        return self._experiments(campaign_id, "verdict='retest' AND confirm_of IS NULL")
+
+    def unscored_candidates(self, campaign_id: int) -> list[dict]:
+        """Candidates that ran ok and have no verdict yet."""
+        return self._experiments(campaign_id, "status='ok' AND is_baseline=0 AND confirm_of IS NULL "
+                                              "AND verdict IS NULL")
+
+    def latest_scorable(self, campaign_id: int) -> Optional[dict]:
+        """The newest candidate that ran ok and waits for score(): no verdict yet, or 'retest'."""
+        rows = self._experiments(campaign_id, "status='ok' AND is_baseline=0 AND confirm_of IS NULL "
+                                              "AND (verdict IS NULL OR verdict='retest')", limit=1, newest_first=True)
+        return rows[0] if rows else None
+
+    def recent_non_baseline(self, campaign_id: int, limit: int) -> list[dict]:
+        """The newest `limit` rows that are not baseline runs (candidates and their pair/confirm/reference
+        runs), newest first."""
+        return self._experiments(campaign_id, "is_baseline=0", limit=limit, newest_first=True)
+
+    def recent_finished(self, campaign_id: int, limit: int) -> list[dict]:
+        """The newest `limit` rows that are no longer running, newest first."""
+        return self._experiments(campaign_id, "status != 'running'", limit=limit, newest_first=True)
+
+    def experiments_after(self, campaign_id: int, after_id: int) -> list[dict]:
+        """Rows with an id above `after_id`, oldest first."""
+        return self._experiments(campaign_id, "id > ?", (after_id,))
+
+    def baseline_runs_with_test(self, campaign_id: int) -> list[dict]:
+        """Baseline runs that ran ok and have a hidden-test score."""
+        return self._experiments(campaign_id, "is_baseline=1 AND status='ok' AND test_bpb IS NOT NULL")
+
+    def running_baseline_runs(self, campaign_id: int) -> list[dict]:
+        return self._experiments(campaign_id, "is_baseline=1 AND status='running'")
+
+    def running_runs_of_commit(self, campaign_id: int, commit: str) -> list[dict]:
+        """Runs of one commit queued or running on a known seed (a reference run in flight), oldest first."""
+        return self._experiments(campaign_id, "commit_sha=? AND status='running' AND seed IS NOT NULL", (commit,))
+
+    def count_since_best(self, campaign_id: int) -> int:
+        """Non-baseline rows recorded after the campaign's best experiment (all of them before any keep)."""
+        return int(self.conn.execute(
+            "SELECT COUNT(*) FROM experiments WHERE campaign_id=? AND is_baseline=0 AND id > "
+            "COALESCE((SELECT best_experiment_id FROM campaigns WHERE id=?), 0)",
+            (campaign_id, campaign_id)).fetchone()[0])
+
+    # what a chart or table of every experiment needs: no logs or metrics (kilobytes a row in a long campaign)
+    BRIEF_COLUMNS = ("id", "campaign_id", "commit_sha", "parent_commit", "description", "status", "verdict",
+                     "verdict_reason", "is_baseline", "confirm_of", "seed", "val_bpb", "test_bpb", "num_steps",
+                     "reason", "role", "paired_with", "seed_set", "started_at", "finished_at")
+
+    def experiments_brief(self, campaign_id: int) -> list[dict]:
+        """Every experiment of a campaign, oldest first, with BRIEF_COLUMNS only."""
+        return [dict(r) for r in self.conn.execute(
+            f"SELECT {', '.join(self.BRIEF_COLUMNS)} FROM experiments WHERE campaign_id=? ORDER BY id", (campaign_id,))]
 
     def campaign_counts(self, campaign_id: int) -> dict[str, int]:
         """The summary counts, each a seek on an index rather than a pass over every row."""
@@ -480,8 +626,11 @@ class Ledger:
             "SELECT (SELECT COUNT(*) FROM experiments WHERE status != 'running') + "
             "(SELECT COUNT(*) FROM experiments WHERE verdict IS NOT NULL) + (SELECT COUNT(*) FROM notes)").fetchone()[0]
 
-    def running_experiments(self) -> list[dict]:
-        return [dict(r) for r in self.conn.execute("SELECT * FROM experiments WHERE status='running'")]
+    def running_experiments(self, campaign_id: Optional[int] = None) -> list[dict]:
+        """Rows queued or running: of one campaign, or (None) of every campaign; oldest first."""
+        if campaign_id is not None:
+            return self._experiments(campaign_id, "status='running'")
+        return [dict(r) for r in self.conn.execute("SELECT * FROM experiments WHERE status='running' ORDER BY id")]
 
     def interrupted_candidates(self) -> list[dict]:
         """Candidates (any campaign) still waiting for a score that can never come: one of their own seed runs
@@ -591,6 +740,28 @@ class Ledger:
             replay = self.next_replay_number(campaign_id) - 1
         return [dict(r) for r in self.conn.execute(
             "SELECT * FROM replays WHERE campaign_id=? AND replay=? ORDER BY id", (campaign_id, replay))]
+
+    def seed_set(self, campaign_id: int) -> Optional[SeedSet]:
+        """The campaign's current (highest-numbered) seed set; None before its first."""
+        r = self.conn.execute("SELECT set_index, since_candidates FROM seed_sets WHERE campaign_id=? "
+                              "ORDER BY set_index DESC LIMIT 1", (campaign_id,)).fetchone()
+        if r is None:
+            return None
+        seeds = self.conn.execute("SELECT seed FROM seed_set_seeds WHERE campaign_id=? AND set_index=? "
+                                  "ORDER BY position", (campaign_id, r[0]))
+        return SeedSet(int(r[0]), tuple(int(x[0]) for x in seeds), int(r[1]))
+
+    def start_seed_set(self, campaign_id: int, index: int, seeds: Iterable[int], since: int) -> SeedSet:
+        """Record seed set `index` and return the current set: this one, or the one another process
+        recorded under the same number first (two processes rotating at once agree on one set)."""
+        seeds = [int(s) for s in seeds]
+        if not seeds:
+            raise LedgerError("a seed set needs at least one seed")
+        with self.tx() as c:
+            _insert_seed_set(c, campaign_id, index, seeds, since, time.time())
+        cur = self.seed_set(campaign_id)
+        assert cur is not None
+        return cur
 
     def used_seeds(self, campaign_id: int) -> set[int]:
         """Every seed any run of the campaign (experiments and replays) has used."""

@@ -227,8 +227,7 @@ def _room(eng: "Engine", c: dict) -> Optional[int]:
 def _reference_rows(eng: "Engine", c: dict, seeds: list[int]) -> dict[int, int]:
     """seed -> a run of the best on it (a recorded ok one, or one in flight), for the seeds that have one."""
     have = {s: r["id"] for s, r in eng.reference_runs(c).items()}
-    for r in eng.ledger.experiments(c["id"], where="commit_sha=? AND status='running' AND seed IS NOT NULL",
-                                    params=(c["best_commit"],)):
+    for r in eng.ledger.running_runs_of_commit(c["id"], c["best_commit"]):
         have.setdefault(r["seed"], r["id"])
     return {s: have[s] for s in seeds if s in have}
 
@@ -294,10 +293,8 @@ def submit(eng: "Engine", description: str, hypothesis: Optional[str] = None, se
             return _submit_baseline(eng, drv, c, session_id)
         src = eng._refuse_non_change(c)
         sha = eng._sha(src)
-        prior = eng.ledger.experiments(c["id"], where="source_sha=? AND confirm_of IS NULL AND status NOT IN "
-                                       "('interrupted','lost')", params=(sha,), limit=1)
-        if prior:
-            p = prior[0]
+        p = eng.ledger.prior_of_source(c["id"], sha, skip_statuses=("interrupted", "lost"))
+        if p is not None:
             raise LoopError(f"exact repeat of experiment #{p['id']} ({p['description']!r}: status {p['status']}, "
                             f"verdict {p['verdict']}). Try something else; state_read(view='tried') lists what was tried.")
         _, seeds = eng.seed_set(c, rotate=not no_baseline)
@@ -321,7 +318,7 @@ def submit(eng: "Engine", description: str, hypothesis: Optional[str] = None, se
 
 
 def _submit_baseline(eng: "Engine", drv: Driver, c: dict, session_id) -> SubmitResult:
-    running = eng.ledger.experiments(c["id"], where="is_baseline=1 AND status='running'")
+    running = eng.ledger.running_baseline_runs(c["id"])
     if running:
         raise LoopError(f"the baseline is being measured (runs {[r['id'] for r in running]}); edit train.py and "
                         "submit a change, or wait() for it")
@@ -438,7 +435,7 @@ def _decide(eng: "Engine", drv: Optional[Driver], c: dict, sub: dict) -> None:
     cand = eng.ledger.experiment(sub["current_id"])
     assert cand is not None
     if cand["is_baseline"]:   # a baseline submission: done when the campaign's baseline runs are
-        if not eng.ledger.experiments(c["id"], where="is_baseline=1 AND status='running'"):
+        if not eng.ledger.running_baseline_runs(c["id"]):
             eng.ledger.set_submission(sub["id"], decided=True)
         return
     own = _own_runs(eng, cand)
@@ -657,6 +654,6 @@ def reconcile(eng: "Engine", drv: Optional[Driver]) -> list[int]:
 
 def in_flight_rows(eng: "Engine", c: dict) -> tuple[list[dict], list[int]]:
     """(runs queued or running, open submissions) for state_read."""
-    return (eng.ledger.experiments(c["id"], where="status='running'"),
+    return (eng.ledger.running_experiments(c["id"]),
             [s["id"] for s in eng.ledger.submissions(c["id"], open_only=True)])
 

@@ -17,6 +17,7 @@ from typing import Iterator, Optional
 
 from mcp_server.common import procs
 from mcp_server.common.locks import FileLock
+from mcp_server.ledger.store import SeedSet
 from mcp_server.loop import approvals, asyncrun, gitops, integrity, runner, verdict
 from mcp_server.loop import budget as budgetmod
 from mcp_server.loop import text as textmod
@@ -59,10 +60,14 @@ class Engine:
     """One workspace's loop. Opening it changes nothing (hooks, reports and status views open it while a run
     may be in flight); whatever writes opens it with `open_for_writing`, which recovers first."""
 
-    def __init__(self, root: Path | str | None = None):
+    def __init__(self, root: Path | str | None = None, read_only: bool = False):
         self.ws = Workspace.find(root) if root is None else Workspace.open(root)
         self.ledger = self.ws.ledger()
         self.notices: list[str] = []
+        if read_only:
+            # a viewer (the dashboard) writes nothing, not even the tamper event of a pin check: the pin is the
+            # next writer's to check
+            return
         self._check_pin_on_open()
 
     @classmethod
@@ -132,23 +137,17 @@ class Engine:
         """(index, seeds) of the campaign's current seed set; with rotate=True a new one is started when
         `rotate_every` candidates ran on the current one (or baseline_seeds changed)."""
         n = self.ws.cfg.noise
-        cur = self._seed_set_record(c)
+        cur = self.ledger.seed_set(c["id"])
         count = self.ledger.campaign_counts(c["id"])["experiments"]
-        if self._seed_set_stale(cur, count, rotate):
-            cur = {"index": 0 if cur is None else cur["index"] + 1, "seeds": self._fresh_seeds(c, n.baseline_seeds),
-                   "since": count}
-            self.ledger.kv_set(f"seedset:{c['id']}", json.dumps(cur))
-        assert cur is not None
-        return cur["index"], list(cur["seeds"])
+        if cur is None or self._seed_set_stale(cur, count, rotate):
+            cur = self.ledger.start_seed_set(c["id"], 0 if cur is None else cur.index + 1,
+                                             self._fresh_seeds(c, n.baseline_seeds), count)
+        return cur.index, list(cur.seeds)
 
-    def _seed_set_record(self, c: dict) -> Optional[dict]:
-        raw = self.ledger.kv_get(f"seedset:{c['id']}")
-        return json.loads(raw) if raw else None
-
-    def _seed_set_stale(self, cur: Optional[dict], count: int, rotate: bool) -> bool:
+    def _seed_set_stale(self, cur: SeedSet, count: int, rotate: bool) -> bool:
         n = self.ws.cfg.noise
-        return cur is None or len(cur["seeds"]) != n.baseline_seeds or bool(
-            rotate and n.rotate_every and count - cur["since"] >= n.rotate_every)
+        return len(cur.seeds) != n.baseline_seeds or bool(
+            rotate and n.rotate_every and count - cur.since >= n.rotate_every)
 
     def next_experiment_runs(self, c: dict) -> int:
         """Runs the next run_experiment takes at most (read-only): the baseline's seeds first, else the
@@ -156,11 +155,11 @@ class Engine:
         k = self.ws.cfg.noise.baseline_seeds
         if not self.ledger.baseline_samples(c["id"]):
             return k
-        cur = self._seed_set_record(c)
+        cur = self.ledger.seed_set(c["id"])
         if cur is None or self._seed_set_stale(cur, self.ledger.campaign_counts(c["id"])["experiments"], True):
             return 2 * k   # a fresh set: the best version has no run on any of its seeds
         have = self.reference_runs(c)
-        return k + sum(1 for s in cur["seeds"] if s not in have)
+        return k + sum(1 for s in cur.seeds if s not in have)
 
     def _fresh_seeds(self, c: dict, k: int) -> list[int]:
         """k seeds no run of this campaign has used (experiments and replays)."""
@@ -432,10 +431,6 @@ class Engine:
         GitError if one was overwritten): what an experiment records, and what an approval binds to."""
         return self._sha(self._committed_source(commit, verified=True))
 
-    def _next_seed(self, experiment_id: int) -> int:
-        # The runner, not train.py, chooses seeds: a fresh one per run, reproducible from the ledger.
-        return 1000 + experiment_id
-
     def run_experiment(self, description: str, hypothesis: Optional[str] = None,
                        confirm_of: Optional[int] = None, on_progress: Optional[runner.ProgressFn] = None,
                        session_id: Optional[int] = None,
@@ -550,11 +545,9 @@ class Engine:
                        bound: Optional[approvals.Approved] = None) -> ExperimentResult:
         src = self._refuse_non_change(c, bound)
         sha = self._sha(src)
-        prior = self.ledger.experiments(c["id"], where="source_sha=? AND confirm_of IS NULL AND status!='interrupted' "
-                                        "AND COALESCE(verdict_reason, '') NOT LIKE ?",
-                                        params=(sha, INTERRUPTED_REASON + "%"), limit=1)
-        if prior:
-            p = prior[0]
+        p = self.ledger.prior_of_source(c["id"], sha, skip_statuses=("interrupted",),
+                                        skip_reason_prefix=INTERRUPTED_REASON)
+        if p is not None:
             raise LoopError(f"exact repeat of experiment #{p['id']} ({p['description']!r}: status {p['status']}, "
                             f"val_bpb {p['val_bpb']}, verdict {p['verdict']}). Try something else; "
                             "state_read(view='tried') lists what was tried.")
@@ -635,7 +628,7 @@ class Engine:
 
     def _abandon_pending_retests(self, c: dict) -> None:
         """A new candidate while a retest waits: the retest is discarded and the branch goes back to best."""
-        for r in self.ledger.experiments(c["id"], where="verdict='retest' AND confirm_of IS NULL"):
+        for r in self.ledger.pending_retests(c["id"]):
             self.ledger.update_experiment(r["id"], verdict="discard",
                                           verdict_reason="abandoned: a new experiment started before its confirm run")
         if gitops.head_sha(self.ws.root) != c["best_commit"]:
@@ -671,8 +664,8 @@ class Engine:
                          f"score(experiment_id={confirm_of}) again.")
         return out
 
-    def _execute(self, c, description, hypothesis, commit, parent, on_progress, session_id,
-                 is_baseline=False, confirm_of=None, source_sha=None, seed=None, role=None, paired_with=None,
+    def _execute(self, c, description, hypothesis, commit, parent, on_progress, session_id, *, seed: int,
+                 is_baseline=False, confirm_of=None, source_sha=None, role=None, paired_with=None,
                  seed_set=None) -> ExperimentResult:
         t_start = time.monotonic()
         added, removed = (0, 0) if commit == parent else gitops.diff_stats(
@@ -680,9 +673,8 @@ class Engine:
         eid = self.ledger.start_experiment(
             c["id"], description, hypothesis=hypothesis, commit_sha=commit, parent_commit=parent,
             is_baseline=int(is_baseline), confirm_of=confirm_of, source_sha=source_sha, lines_added=added,
-            lines_removed=removed, session_id=session_id, role=role, paired_with=paired_with, seed_set=seed_set)
-        seed = self._next_seed(eid) if seed is None else seed
-        self.ledger.update_experiment(eid, seed=seed)
+            lines_removed=removed, session_id=session_id, role=role, paired_with=paired_with, seed_set=seed_set,
+            seed=seed)
         run_dir = self.ws.run_dir(eid)
         try:
             ledger_before = self._ledger_digest(eid)
@@ -759,7 +751,7 @@ class Engine:
                                                  "reason": row["reason"], "description": row["description"]}, sinks)
         # one alert per streak, when it reaches the threshold, with the streak's real length
         n, streak, first = self._crash_streak_len(), 0, row["id"]
-        for r in self.ledger.experiments(c["id"], limit=200, newest_first=True, where="is_baseline=0"):
+        for r in self.ledger.recent_non_baseline(c["id"], limit=200):
             if r["status"] not in ("crash", "timeout", "rejected"):
                 break
             streak, first = streak + 1, r["id"]
@@ -867,11 +859,9 @@ class Engine:
 
     def _scorable(self, c: dict, experiment_id: Optional[int]) -> dict:
         if experiment_id is None:
-            rows = self.ledger.experiments(c["id"], where="status='ok' AND is_baseline=0 AND confirm_of IS NULL "
-                                           "AND (verdict IS NULL OR verdict='retest')", newest_first=True, limit=1)
-            if not rows:
+            exp = self.ledger.latest_scorable(c["id"])
+            if exp is None:
                 raise LoopError("nothing to score: run_experiment first (the last experiment already has a verdict)")
-            exp = rows[0]
         else:
             exp = self.ledger.experiment(_experiment_id(experiment_id, "experiment_id"))
             if exp is None or exp["campaign_id"] != c["id"]:
@@ -898,7 +888,7 @@ class Engine:
 
     def _test_divergence(self, c, exp, samples, test) -> bool:
         """Flag a keep whose hidden-test gain is much smaller than its validation gain."""
-        base_rows = self.ledger.experiments(c["id"], where="is_baseline=1 AND status='ok' AND test_bpb IS NOT NULL")
+        base_rows = self.ledger.baseline_runs_with_test(c["id"])
         if not test or not base_rows:
             return False
         val_gain = statistics.fmean(r["val_bpb"] for r in base_rows) - statistics.fmean(samples)
@@ -906,9 +896,7 @@ class Engine:
         return val_gain > 0 and test_gain < 0.5 * val_gain - 2 * self.sigma(c)
 
     def _maybe_plateau(self, c: dict) -> None:
-        since = self.ledger.count_experiments(
-            c["id"], "is_baseline=0 AND id > COALESCE((SELECT best_experiment_id FROM campaigns WHERE id=?), 0)",
-            (c["id"],))
+        since = self.ledger.count_since_best(c["id"])
         if since and since % PLATEAU_EVERY == 0:
             self.ledger.add_event(c["id"], "plateau", {"experiments_since_keep": since}, sinks_for(self.ws.cfg))
 
@@ -974,7 +962,7 @@ class Engine:
         """One line on what a run_experiment stopped by Ctrl-C or a signal left behind (its runs have ids
         above `after_id`): what was interrupted, what was recorded and discarded, the budget, train.py."""
         c = self.campaign
-        rows = self.ledger.experiments(c["id"], where="id > ?", params=(after_id,))
+        rows = self.ledger.experiments_after(c["id"], after_id)
         b = self.budget(c)
         left = "" if b.experiments_left is None else f" ({b.experiments_used} used, {b.experiments_left} left)"
         budget = f"the interrupted run does not count against the experiment budget{left}"
@@ -1108,8 +1096,7 @@ class Engine:
         elif view == "noise":
             out.noise = self.noise(c)
         elif view == "tried":
-            rows = self.ledger.experiments(c["id"], where="is_baseline=0 AND confirm_of IS NULL", limit=limit,
-                                           newest_first=True)
+            rows = self.ledger.candidates(c["id"], limit=limit, newest_first=True)
             out.tried = [f"#{r['id']} {r['verdict'] or r['status']}: {r['description']}" for r in reversed(rows)]
         return out
 
@@ -1134,9 +1121,8 @@ class Engine:
         base = self.ledger.baseline_samples(c["id"])
         counts = self.ledger.campaign_counts(c["id"])
         stuck = {r["id"] for r in self.ledger.interrupted_candidates()}
-        pending = [r for r in self.ledger.experiments(c["id"], where="status='ok' AND is_baseline=0 AND confirm_of "
-                                                      "IS NULL AND verdict IS NULL") if r["id"] not in stuck]
-        retest = self.ledger.experiments(c["id"], where="verdict='retest' AND confirm_of IS NULL")
+        pending = [r for r in self.ledger.unscored_candidates(c["id"]) if r["id"] not in stuck]
+        retest = self.ledger.pending_retests(c["id"])
         return Summary(tag=c["tag"], branch=c["branch"], pinned_commit=c["pinned_commit"][:10],
                        best_commit=c["best_commit"][:10], best_experiment_id=c["best_experiment_id"],
                        best_val_bpb=best, baseline_val_bpb=statistics.fmean(base) if base else None,

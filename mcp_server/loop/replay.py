@@ -88,7 +88,7 @@ def replay(eng, seeds: int = 3, keeps_only: bool = True, on_run: Optional[Callab
     say = on_run or (lambda s: None)
     with eng._exclusive():
         c = eng.campaign
-        keeps = eng.ledger.experiments(c["id"], where="verdict='keep' AND confirm_of IS NULL AND is_baseline=0")
+        keeps = eng.ledger.kept_candidates(c["id"])
         if not keeps:
             raise LoopError("nothing to replay: this campaign has no kept experiment yet")
         eng._integrity(c, "before the replay")

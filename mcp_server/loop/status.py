@@ -75,7 +75,7 @@ def session_summary(root: Path | str) -> str:
                          f"paired differences (sigma_d {b.sigma_paired:.4f}); a keep needs a mean paired gain of "
                          f"{b.keep_threshold:.4f}; minimum detectable effect ~{b.mde:.4f} bits/byte: try changes "
                          "you expect to gain at least that much.")
-        recent = eng.ledger.experiments(eng.campaign["id"], limit=5, newest_first=True, where="is_baseline=0")
+        recent = eng.ledger.recent_non_baseline(eng.campaign["id"], limit=5)
         if recent:
             lines.append("Recent: " + "; ".join(f"#{r['id']} {r['verdict'] or r['status']} {r['description'][:60]}"
                                                 for r in recent))
@@ -127,7 +127,7 @@ def executor_view(eng: Engine, recent: int = RECENT_RUNS) -> dict:
                        "for_s": round(max(0.0, now - r["submitted_at"]), 1)})
     workers: dict[str, dict] = {}
     lost = []
-    for row in eng.ledger.experiments(c["id"], limit=recent, newest_first=True, where="status != 'running'"):
+    for row in eng.ledger.recent_finished(c["id"], limit=recent):
         try:
             m = json.loads(row["metrics_json"] or "{}")
         except ValueError:
