@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 from pathlib import Path
 from typing import AsyncIterator, Callable, Optional
 
@@ -180,6 +181,18 @@ def create_app(sources: list[data.Source], guard: Guard, who: str,  # noqa: C901
     return app
 
 
+def _check_port(host: str, port: int) -> None:
+    """Say plainly when the port is taken (uvicorn would log a bind error and exit)."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((host, port))
+    except OSError as e:
+        raise data.DashboardError(f"cannot listen on {host}:{port} ({e.strerror or e}): another program "
+                                  "(another dashboard?) uses it; pass --port N") from None
+
+
 def serve(roots: list[Path], host: str, port: int, allow_remote: bool, read_only: bool, who: str,
           on_start: Optional[Callable[[str], None]] = None) -> None:
     """`loopwright dashboard`: check the binding and the workspaces, print the URL with the token, serve."""
@@ -187,6 +200,7 @@ def serve(roots: list[Path], host: str, port: int, allow_remote: bool, read_only
 
     guard = Guard.for_binding(host, port, allow_remote, read_only)
     app = create_app(data.sources(roots), guard, who)
+    _check_port(host, port)
     shown = f"[{host}]" if ":" in host else host
     url = views.link_with_token(f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else shown}:{port}", guard.token)
     if on_start is not None:
