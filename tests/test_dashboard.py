@@ -306,6 +306,27 @@ def test_a_campaign_on_ray_shows_its_cluster_runs_in_flight_and_workers(ws):
     assert "<dt>in flight</dt><dd>1</dd>" in page and "<span class=\"state state-running\">running</span>" in page
 
 
+def test_the_dashboard_never_recovers_or_locks(ws):
+    """A `running` row with no live run behind it: the dashboard (the engine opened read-only) shows it and
+    leaves it; the next writer (Engine.open_for_writing) is the one that recovers it."""
+    from mcp_server.common.locks import FileLock
+
+    with Engine(ws.root, read_only=True) as eng:
+        c = eng.campaign
+        orphan = eng.ledger.start_experiment(c["id"], "killed with -9", commit_sha=c["best_commit"],
+                                             parent_commit=c["best_commit"])
+    app, _ = make_app(ws)
+    held = FileLock(ws.state_dir / "server.lock").try_acquire()   # as a live run holds it
+    assert held is not None
+    with held:
+        with client(app) as cl:
+            assert "running" in cl.get("/w/0/").text
+    with Engine(ws.root, read_only=True) as eng:
+        assert eng.ledger.experiment(orphan)["status"] == "running"
+    with Engine.open_for_writing(ws.root) as eng:   # the next writer recovers it
+        assert eng.ledger.experiment(orphan)["status"] == "interrupted"
+
+
 def test_all_lists_every_workspace(tmp_path, small_corpus, shared_ws):
     other = make_workspace(tmp_path / "other", small_corpus, tag="u")
     roots = data.discover()
