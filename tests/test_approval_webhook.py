@@ -150,7 +150,7 @@ def test_user_not_on_the_allow_list(env):
 
 def test_timeout_then_a_late_click(env):
     with Engine(env.ws.root) as eng:
-        assert approvals.expire_due(eng, now=time.time() + 25 * 3600) == [1]
+        assert approvals.Approvals(eng).expire_due(now=time.time() + 25 * 3600) == [1]
     r = post(env, *click(env, "approve"))
     assert r.json()["status"] == "already decided" and r.json()["decision"] == "expired"
     a, c, exp = state(env)

@@ -36,7 +36,7 @@ def fake_candidate(eng: Engine, val: float, lr: str = "0.005", desc: str = "cand
     sha, _ = gitops.commit_editable(eng.ws.root, ["train.py"], ".loopwright", desc)
     c = eng.campaign
     e = eng.ledger.start_experiment(c["id"], desc, commit_sha=sha, parent_commit=c["best_commit"],
-                                    source_sha=eng._sha(eng._editable_source()))
+                                    source_sha=eng.text_sha(eng.editable_source()))
     eng.ledger.update_experiment(e, status="ok", val_bpb=val, finished_at=time.time())
     return e
 
@@ -85,7 +85,7 @@ def test_approve_applies_once_and_records_who(ws):
         assert eng.ledger.experiment(exp["id"])["verdict"] == "keep"
         assert [e["payload"]["approved_by"] for e in eng.ledger.events(c["id"], kind="keep")] == ["ana"]
         assert [e["payload"]["decision"] for e in eng.ledger.events(c["id"], kind="approval_decided")] == ["approved"]
-        report = "\n".join(approvals.report_section(eng.ledger, c["id"]))   # report.md's audit trail
+        report = "\n".join(approvals.Approvals(eng).report_section(c["id"]))   # report.md's audit trail
         assert "| 1 | keep |" in report and "| applied | ana | cli |" in report and "Nothing waits." in report
 
 
@@ -103,8 +103,8 @@ def test_reject_discards_and_the_branch_stays(ws):
 def test_timeout_rejects_as_timeout(ws):
     exp, _, best_before = held_keep(ws)
     with Engine(ws.root) as eng:
-        assert approvals.expire_due(eng, now=time.time() + 23 * 3600) == []
-        assert approvals.expire_due(eng, now=time.time() + 25 * 3600) == [1]
+        assert approvals.Approvals(eng).expire_due(now=time.time() + 23 * 3600) == []
+        assert approvals.Approvals(eng).expire_due(now=time.time() + 25 * 3600) == [1]
         a = eng.ledger.approval(1)
         assert a["status"] == "expired" and a["decided_by"] == "timeout"
         assert eng.ledger.experiment(exp["id"])["verdict"] == "discard"
@@ -226,7 +226,7 @@ def test_an_approved_change_behind_the_best_is_remeasured_on_it(tmp_path, small_
         b = fake_candidate(eng, 1.0, lr="0.0002", desc="long warm-up")
         set_constant(train, "WARMUP_STEPS", "15")          # lines away from LR: it merges cleanly
         sha, _ = gitops.commit_editable(w.root, ["train.py"], ".loopwright", "long warm-up")
-        eng.ledger.update_experiment(b, commit_sha=sha, source_sha=eng._sha(eng._editable_source()))
+        eng.ledger.update_experiment(b, commit_sha=sha, source_sha=eng.text_sha(eng.editable_source()))
         assert eng.score(b).verdict == "pending_approval"
         a_commit = eng.ledger.experiment(a.experiment_id)["commit_sha"]
     decisions.decide(w.root, 1, True, "ana", "cli")
@@ -402,8 +402,8 @@ def test_a_deferred_approval_is_applied_by_the_next_run(ws):
     with Engine(ws.root) as eng:
         c = eng.campaign
         assert c["best_commit"] == best_before
-        with eng._exclusive():                                 # what run_experiment does before anything runs
-            assert approvals.before_run(eng, c, None) is None  # (closed/approve-keeps: then it runs as usual)
+        with eng.exclusive():                                 # what run_experiment does before anything runs
+            assert approvals.Approvals(eng).before_run(c, None) is None  # (closed/approve-keeps: then it runs as usual)
         assert eng.campaign["best_commit"] == exp["commit_sha"] == gitops.head_sha(ws.root)
         assert eng.ledger.approval(1)["status"] == "applied"
     src = (ws.root / "train.py").read_text()

@@ -94,7 +94,7 @@ def recorded_candidate(eng: Engine, val: float, desc: str) -> int:
     _, [seed] = eng.seed_set(c)
     ref = eng.reference_runs(c)[seed]
     e = eng.ledger.start_experiment(c["id"], desc, commit_sha=sha, parent_commit=c["best_commit"],
-                                    source_sha=eng._sha(eng._committed_source(sha)), role="candidate",
+                                    source_sha=eng.text_sha(eng.committed_source(sha)), role="candidate",
                                     seed=seed, paired_with=ref["id"])
     eng.ledger.update_experiment(e, status="ok", val_bpb=val, finished_at=time.time())
     return e
@@ -229,10 +229,8 @@ def test_an_approved_run_runs_the_approved_bytes(tmp_path, small_corpus, via):
 # -- a mismatch between what was approved and what would run or be kept: refused, recorded ---------------
 def swapped_commit(root: Path, parent: str) -> str:
     """A commit on `parent` whose train.py is the approved one with the marker line (not on any branch)."""
-    from mcp_server.loop.approvals import _commit_files
-
     approved = gitops.blob_bytes(root, parent, "train.py")
-    return _commit_files(root, parent, {"train.py": MARKER_LINE + approved}, "forged")
+    return gitops.commit_files(root, parent, {"train.py": MARKER_LINE + approved}, "forged")
 
 
 def overwrite_object(root: Path, commit: str, data: bytes) -> None:

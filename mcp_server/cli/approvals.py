@@ -108,5 +108,6 @@ def waiting_lines(eng) -> list[str]:
     """For `loopwright status`: what waits on a person (or on a quiet moment to be applied)."""
     from mcp_server.loop import approvals
 
-    approvals.expire_due(eng)
-    return [approvals.describe(a) for a in approvals.waiting(eng.ledger, eng.campaign["id"])]
+    ap = approvals.Approvals(eng)
+    ap.expire_due()
+    return [approvals.describe(a) for a in ap.waiting(eng.campaign["id"])]

@@ -107,7 +107,8 @@ def snapshot(src: Source) -> dict:
         rows = led.experiments_brief(c["id"])
         b = eng.budget(c)
         s = eng.summary(c)
-        waiting = approvals.waiting(led, c["id"])
+        ap = approvals.Approvals(eng)
+        waiting = ap.waiting(c["id"])
         running = led.count_running(c["id"]) + len(led.inflight(c["id"]))
         data = collect(rows, eng.ws.cfg, c["tag"])
         ex = executor_view(eng)
@@ -120,7 +121,7 @@ def snapshot(src: Source) -> dict:
             "experiments": s.experiments, "kept": s.kept, "discarded": s.discarded, "crashed": s.crashed,
             "runs_used": b.runs_used, "runs_left": b.runs_left, "hours_used": b.hours_used, "hours_left": b.hours_left,
             "cost_used": b.cost_used_usd, "cost_left": b.cost_left_usd, "reasons": b.reasons,
-            "mde": b.mde, "keep_threshold": b.keep_threshold, "autonomy": approvals.mode(eng.ws),
+            "mde": b.mde, "keep_threshold": b.keep_threshold, "autonomy": ap.mode,
             "executor": ex["executor"], "workers": ex["workers"], "in_flight": ex["in_flight"],
             "mechanism": f"{trial[0]['name']} v{trial[0]['version']} (on trial)" if trial else _kept_mechanism(led),
         }

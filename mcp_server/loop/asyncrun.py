@@ -274,7 +274,7 @@ def submit(eng: "Engine", description: str, hypothesis: Optional[str] = None, se
     if eng.ws.cfg.campaign.autonomy != "closed":
         raise LoopError(f"asynchronous experiments need autonomy = closed (it is {eng.ws.cfg.campaign.autonomy!r}: a "
                         "person approves each cycle); use run_experiment and score instead")
-    with eng._exclusive():
+    with eng.exclusive():
         c = eng.campaign
         status = eng.budget(c)
         if status.should_stop:
@@ -287,12 +287,12 @@ def submit(eng: "Engine", description: str, hypothesis: Optional[str] = None, se
         files = {rel: (eng.ws.root / rel).read_bytes() for rel in eng.ws.cfg.paths.editable
                  if (eng.ws.root / rel).is_file()}
         no_baseline = not eng.ledger.baseline_samples(c["id"]) and c["best_experiment_id"] is None
-        src = eng._editable_source()
-        identical = src == eng._committed_source(c["best_commit"])
+        src = eng.editable_source()
+        identical = src == eng.committed_source(c["best_commit"])
         if no_baseline and identical:
             return _submit_baseline(eng, drv, c, session_id)
         src = eng._refuse_non_change(c)
-        sha = eng._sha(src)
+        sha = eng.text_sha(src)
         p = eng.ledger.prior_of_source(c["id"], sha, skip_statuses=("interrupted", "lost"))
         if p is not None:
             raise LoopError(f"exact repeat of experiment #{p['id']} ({p['description']!r}: status {p['status']}, "
@@ -498,7 +498,7 @@ def _advance_branch(eng: "Engine", c: dict, commit: str) -> None:
     """The branch moves to the kept commit. The working tree follows only where the agent has no pending
     edit (its editable files equal the old best's); otherwise its edit stays, to be submitted as it is."""
     root = eng.ws.root
-    clean = eng._editable_source() == eng._committed_source(c["best_commit"])
+    clean = eng.editable_source() == eng.committed_source(c["best_commit"])
     if gitops.current_branch(root) == c["branch"]:
         if clean:
             gitops.reset_to(root, commit)
@@ -542,7 +542,7 @@ def _rebase(eng: "Engine", drv: Optional[Driver], c: dict, sub: dict, cand: dict
                f"({'no budget left' if drv is not None else 'no driver'})")
         return
     src = "\n".join(f"### {rel}\n" + data.decode("utf-8", "replace") for rel, data in merged.items())
-    sha = eng._sha(src)
+    sha = eng.text_sha(src)
     commit = gitops.snapshot_commit(root, best, merged, f"experiment: {cand['description']} (rebased onto "
                                     f"{best[:10]})", f"refs/loopwright/submitted/{sha[:20]}")
     new, _, _, _ = _plan_candidate(eng, drv, c, commit, cand["description"], cand["hypothesis"], sha,
@@ -598,7 +598,7 @@ def wait(eng: "Engine", ids: Optional[list[int]] = None, timeout: float = 600.0)
     drv = driver_for(eng, create=bool(open_at_start & (wanted or open_at_start)))
     deadline = time.monotonic() + max(0.0, float(timeout))
     while True:
-        with eng._exclusive():
+        with eng.exclusive():
             settle(eng, drv)
         subs = {s["id"]: s for s in eng.ledger.submissions(c["id"])}
         open_now = {i for i, s in subs.items() if not s["decided_at"]}

@@ -10,41 +10,17 @@ from __future__ import annotations
 from typing import Optional
 
 from mcp_server.loop import gitops
-from mcp_server.loop.approvals import (
-    ApprovalError,
-    Approved,
-    Tampered,
-    _blob,
-    _close_undone,
-    _commit_files,
-    _decided_event,
-    _editable_bytes,
-    _merge3,
-    _move_best,
-    _restore_edits,
-    expire_due,
-)
+from mcp_server.loop.approvals import ApprovalError, Approvals, Approved, Tampered
 from mcp_server.loop.engine import Busy, Engine, LoopError
+
+__all__ = ["ApprovalError", "apply_approved", "decide"]
 
 
 def decide(root, approval_id: int, approve: bool, who: str, via: str, note: Optional[str] = None,
            now: Optional[float] = None) -> tuple[dict, bool]:
     """Record a person's decision, once. Returns (the approval row, whether this call decided it)."""
-    who = (who or "").strip()
-    if not who:
-        raise ApprovalError("a decision needs a name: who decides")
     with Engine(root) as eng:
-        expire_due(eng, now)
-        a = eng.ledger.approval(int(approval_id))
-        if a is None:
-            raise ApprovalError(f"there is no approval #{approval_id}; `loopwright status` lists what waits")
-        decided = eng.ledger.decide_approval(a["id"], "approved" if approve else "rejected", who, via, note, at=now)
-        a = eng.ledger.approval(a["id"])
-        if decided:
-            if not approve:
-                _close_undone(eng, a, f"rejected by {who} via {via}" + (f": {note}" if note else ""))
-            _decided_event(eng, a)
-        return a, decided
+        return Approvals(eng).decide(approval_id, approve, who, via, note, now)
 
 
 def apply_approved(root, on_progress=None, max_confirms: int = 3) -> list[str]:
@@ -52,6 +28,7 @@ def apply_approved(root, on_progress=None, max_confirms: int = 3) -> list[str]:
     Returns what happened, one line per approval; an approval that cannot be applied yet stays approved."""
     out = []
     with Engine.open_for_writing(root) as eng:   # it moves the best and runs re-measures
+        ap = Approvals(eng)
         for a in eng.ledger.approvals(statuses=("approved",), kind="keep"):
             c = eng.ledger.campaign(a["campaign_id"])
             try:
@@ -59,15 +36,15 @@ def apply_approved(root, on_progress=None, max_confirms: int = 3) -> list[str]:
                     out.append(f"#{a['id']}: deferred: the workspace is not on {c['branch']}")
                     continue
                 if a["base_commit"] == c["best_commit"]:
-                    with eng._exclusive():
+                    with eng.exclusive():
                         if gitops.head_sha(eng.ws.root) != c["best_commit"]:
                             out.append(f"#{a['id']}: deferred: an experiment awaits its score; applied at the "
                                        "next run_experiment or `loopwright approve --apply`")
                             continue
-                        _move_best(eng, c, a)
+                        ap.move_best(c, a)
                     out.append(f"#{a['id']}: applied: the best is now {a['commit_sha'][:10]}")
                 else:
-                    out.append(_remeasure(eng, c, a, on_progress, max_confirms))
+                    out.append(_remeasure(eng, ap, c, a, on_progress, max_confirms))
             except Tampered as e:
                 out.append(f"#{a['id']}: refused: {e}")
             except Busy:
@@ -78,34 +55,35 @@ def apply_approved(root, on_progress=None, max_confirms: int = 3) -> list[str]:
     return out
 
 
-def _remeasure(eng, c: dict, a: dict, on_progress, max_confirms: int) -> str:
+def _remeasure(eng: Engine, ap: Approvals, c: dict, a: dict, on_progress, max_confirms: int) -> str:
     """Carry an approved change onto the new best and measure it there as a normal experiment."""
     ws, led = eng.ws, eng.ledger
     if gitops.head_sha(ws.root) != c["best_commit"]:
         return f"#{a['id']}: deferred: an experiment awaits its score"
     files, conflicts = {}, []
     for rel in ws.cfg.paths.editable:
-        base, mine, theirs = (_blob(ws.root, a["base_commit"], rel), _blob(ws.root, a["commit_sha"], rel),
-                              _blob(ws.root, c["best_commit"], rel))
+        base, mine, theirs = (gitops.blob_or_none(ws.root, a["base_commit"], rel),
+                              gitops.blob_or_none(ws.root, a["commit_sha"], rel),
+                              gitops.blob_or_none(ws.root, c["best_commit"], rel))
         if mine == base:
             files[rel] = theirs
             continue
         if None in (base, mine, theirs):
             conflicts.append(rel)
             continue
-        merged, clean = _merge3(ws.root, theirs, base, mine)
+        merged, conflicted = gitops.merge_file(base, theirs, mine)
         files[rel] = merged
-        if not clean:
+        if conflicted:
             conflicts.append(rel)
     if conflicts:
         led.settle_approval(a["id"], "conflict", f"does not merge onto the new best {c['best_commit'][:10]}: "
                                                  f"{', '.join(conflicts)}")
-        _close_undone(eng, a, f"approved (#{a['id']}) but it conflicts with the newer best")
+        ap.close_undone(a, f"approved (#{a['id']}) but it conflicts with the newer best")
         return f"#{a['id']}: conflict: the change does not merge onto the new best ({', '.join(conflicts)}); nothing moved"
-    saved, old_best = _editable_bytes(ws), c["best_commit"]
+    saved, old_best = ap.editable_bytes(), c["best_commit"]
     # the candidate is a commit of the merged bytes (private index): exactly it runs and can be kept
-    commit = _commit_files(ws.root, c["best_commit"], files, f"re-measure of approved #{a['id']} on the new best")
-    bound = Approved(a["id"], commit, eng._sha(eng.source_of(files)), a["decided_by"] or "")
+    commit = gitops.commit_files(ws.root, c["best_commit"], files, f"re-measure of approved #{a['id']} on the new best")
+    bound = Approved(a["id"], commit, eng.text_sha(eng.source_of(files)), a["decided_by"] or "")
     try:
         res = eng.run_experiment(f"re-measure of approved #{a['id']} on the new best: {a['description']}"[:300],
                                  hypothesis=f"approved by {a['decided_by']}; was measured on {a['base_commit'][:10]}",
@@ -113,7 +91,7 @@ def _remeasure(eng, c: dict, a: dict, on_progress, max_confirms: int) -> str:
         if res.status != "ok":
             led.settle_approval(a["id"], "stale", f"the re-measure #{res.experiment_id} {res.status}: {res.reason}",
                                 experiment_id=None)
-            _close_undone(eng, a, f"approved (#{a['id']}); its re-measure on the new best failed")
+            ap.close_undone(a, f"approved (#{a['id']}); its re-measure on the new best failed")
             return f"#{a['id']}: stale: the re-measure on the new best {res.status}"
         eid = res.experiment_id
         s = eng.score(eid, approved_by_person=bound)
@@ -125,16 +103,16 @@ def _remeasure(eng, c: dict, a: dict, on_progress, max_confirms: int) -> str:
         if s.verdict == "keep":
             led.settle_approval(a["id"], "applied", f"re-measured as #{eid} on the new best: gain {s.gain:.4f} "
                                                     f"(bar {s.threshold:.4f}); kept")
-            _close_undone(eng, a, f"approved (#{a['id']}); superseded by its re-measure #{eid}, kept")
+            ap.close_undone(a, f"approved (#{a['id']}); superseded by its re-measure #{eid}, kept")
             return f"#{a['id']}: applied after a re-measure on the new best (#{eid}, gain {s.gain:.4f})"
         led.settle_approval(a["id"], "stale", f"re-measured as #{eid} on the new best: {s.verdict} ({s.reason})")
-        _close_undone(eng, a, f"approved (#{a['id']}); re-measured as #{eid} on the new best: {s.verdict}")
+        ap.close_undone(a, f"approved (#{a['id']}); re-measured as #{eid} on the new best: {s.verdict}")
         return f"#{a['id']}: stale: re-measured on the new best (#{eid}) it is no longer a gain ({s.verdict})"
     except Tampered as e:    # refused and recorded (the approval settled) by the check of its bytes
-        _close_undone(eng, a, str(e))
+        ap.close_undone(a, str(e))
         return f"#{a['id']}: refused: {e}"
     finally:
         # whatever happened (a retest left open, an error), the tree ends at the best with the agent's edit
         c2 = led.campaign(c["id"])
         gitops.reset_to(ws.root, c2["best_commit"])
-        _restore_edits(ws, saved, old_best, c2["best_commit"])
+        ap.restore_edits(saved, old_best, c2["best_commit"])

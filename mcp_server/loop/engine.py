@@ -175,7 +175,7 @@ class Engine:
     def _tree_at(self, commit: str) -> Iterator[None]:
         """The editable files as of `commit` for the duration (the branch does not move); whatever was
         there before (an agent's pending edit, a committed candidate) is put back afterwards."""
-        placed = self._files_at(commit)
+        placed = self.files_at(commit)
         self._keep_edit(placed)
         for rel, data in placed.items():   # from the object store: git's index is left as it was
             if data is None:
@@ -212,7 +212,7 @@ class Engine:
 
     # -- locking and recovery -------------------------------------------------
     @contextmanager
-    def _exclusive(self) -> Iterator[None]:
+    def exclusive(self) -> Iterator[None]:
         held = FileLock(self.ws.state_dir / "server.lock").try_acquire()
         if held is None:
             raise Busy("another experiment is running in this workspace (one at a time). Wait for it: "
@@ -232,7 +232,7 @@ class Engine:
         if not running and not self.ledger.interrupted_candidates() and not (self.ws.state_dir / KEPT_EDIT).is_dir():
             return []
         try:
-            with self._exclusive():
+            with self.exclusive():
                 done = []
                 for r in running:
                     runner.kill_stale(self.ws.run_dir(r["id"]))
@@ -265,7 +265,7 @@ class Engine:
             gitops.move_branch(self.ws.root, c["best_commit"])   # the tree (the change) is left as it is
 
     # -- an edit kept on disk while the loop puts other versions of the editable files in the tree ----------
-    def _files_at(self, commit: str, verified: bool = False) -> dict[str, Optional[bytes]]:
+    def files_at(self, commit: str, verified: bool = False) -> dict[str, Optional[bytes]]:
         """The editable files at `commit` (None: not in it). verified: every git object on the way re-hashed
         (a GitError if one was overwritten), so the bytes are those the commit's name stands for."""
         out: dict[str, Optional[bytes]] = {}
@@ -285,7 +285,7 @@ class Engine:
         pinned = self.campaign["pinned_commit"]
         tree: dict[str, Optional[bytes]] = {rel: gitops.verified_blob_bytes(self.ws.root, pinned, rel)
                                             for rel in gitops.tracked_files(self.ws.root, pinned)}
-        tree.update(self._files_at(commit, verified=True))
+        tree.update(self.files_at(commit, verified=True))
         return tree
 
     def _tree_files(self) -> dict[str, Optional[bytes]]:
@@ -416,20 +416,20 @@ class Engine:
         return "\n".join(f"### {rel}\n" + ("" if data is None else data.decode("utf-8", "replace"))
                          for rel, data in files.items())
 
-    def _editable_source(self) -> str:
+    def editable_source(self) -> str:
         return self.source_of(self._tree_files())
 
     @staticmethod
-    def _sha(text: str) -> str:
+    def text_sha(text: str) -> str:
         return hashlib.sha256(text.encode()).hexdigest()
 
-    def _committed_source(self, commit: str, verified: bool = False) -> str:
-        return self.source_of(self._files_at(commit, verified))
+    def committed_source(self, commit: str, verified: bool = False) -> str:
+        return self.source_of(self.files_at(commit, verified))
 
     def source_sha(self, commit: str) -> str:
         """The source hash of the editable files at `commit`, every git object re-hashed on the way (a
         GitError if one was overwritten): what an experiment records, and what an approval binds to."""
-        return self._sha(self._committed_source(commit, verified=True))
+        return self.text_sha(self.committed_source(commit, verified=True))
 
     def run_experiment(self, description: str, hypothesis: Optional[str] = None,
                        confirm_of: Optional[int] = None, on_progress: Optional[runner.ProgressFn] = None,
@@ -444,7 +444,7 @@ class Engine:
             raise LoopError("description is required: say in a few words what this experiment changes")
         if confirm_of is not None:
             confirm_of = _experiment_id(confirm_of, "confirm_of")
-        with self._exclusive():
+        with self.exclusive():
             c = self.campaign
             pending = self.ledger.submissions(c["id"], open_only=True)
             if pending:
@@ -456,7 +456,7 @@ class Engine:
                 raise LoopError(f"the campaign budget is spent ({'; '.join(status.reasons)}); stop here.")
             self._integrity(c, "before the run")
             # the autonomy slider: a change held for a person (its result), or the approved run to start
-            held = approvals.before_run(self, c, confirm_of, approved_by_person)
+            held = approvals.Approvals(self).before_run(c, confirm_of, approved_by_person)
             if isinstance(held, ExperimentResult):
                 return held
             bound = held   # a person's approval: exactly its commit runs (never the working tree)
@@ -470,7 +470,7 @@ class Engine:
                 set_index, seeds = self.seed_set(c, rotate=not first)
                 if first:
                     baseline = self._measure_baseline(c, seeds, set_index, on_progress, session_id)
-                    if bound is None and self._editable_source() == self._committed_source(c["best_commit"]):
+                    if bound is None and self.editable_source() == self.committed_source(c["best_commit"]):
                         return self._baseline_result(c, baseline)
                 else:
                     refs = self._measure_reference(c, seeds, set_index, on_progress, session_id,
@@ -489,7 +489,7 @@ class Engine:
                           session_id) -> BaselineInfo:
         """Run the pinned train.py on the seed set; the agent's pending edit (if any) is put back afterwards
         (it is kept in the state dir meanwhile, so that it survives a kill: the next writer puts it back)."""
-        placed = self._files_at(c["best_commit"])
+        placed = self.files_at(c["best_commit"])
         self._keep_edit(placed)
         gitops.reset_to(self.ws.root, c["best_commit"])
         try:
@@ -528,8 +528,8 @@ class Engine:
     def _refuse_non_change(self, c, bound: Optional[approvals.Approved] = None) -> str:
         """train.py's source (the working tree's, or the approved commit's), unless it is no real change from
         the best version (then a LoopError saying what it is: identical, comments/whitespace only, or seed only)."""
-        src = self._editable_source() if bound is None else self._committed_source(bound.commit, verified=True)
-        best_src = self._committed_source(c["best_commit"])
+        src = self.editable_source() if bound is None else self.committed_source(bound.commit, verified=True)
+        best_src = self.committed_source(c["best_commit"])
         if src == best_src:
             raise LoopError("train.py is identical to the best version: edit it first, then call run_experiment.")
         if verdict.comments_only_change(best_src, src):
@@ -544,7 +544,7 @@ class Engine:
     def _run_candidate(self, c, description, hypothesis, on_progress, session_id,
                        bound: Optional[approvals.Approved] = None) -> ExperimentResult:
         src = self._refuse_non_change(c, bound)
-        sha = self._sha(src)
+        sha = self.text_sha(src)
         p = self.ledger.prior_of_source(c["id"], sha, skip_statuses=("interrupted",),
                                         skip_reason_prefix=INTERRUPTED_REASON)
         if p is not None:
@@ -565,7 +565,7 @@ class Engine:
             sha = self.source_sha(commit)   # what was committed (the file may have changed since it was read)
         else:
             # the commit built from the approved blobs, on the best; its bytes checked against the approval
-            approvals.refuse_unbound(self, c, bound, bound.commit, "before an approved run")
+            approvals.Approvals(self).refuse_unbound(c, bound, bound.commit, "before an approved run")
             commit, sha = bound.commit, bound.source_sha
             if [p.hexsha for p in gitops.repo(self.ws.root).commit(commit).parents] != [c["best_commit"]]:
                 raise LoopError(f"approval #{bound.approval_id}: commit {commit[:10]} is not built on the best "
@@ -644,7 +644,7 @@ class Engine:
             raise LoopError(f"experiment {confirm_of} has verdict {orig['verdict']!r}; only a 'retest' verdict "
                             "takes a confirm run")
         if bound is not None:   # the run is the commit, whatever the working tree holds
-            approvals.refuse_unbound(self, c, bound, orig["commit_sha"], "before an approved confirm run",
+            approvals.Approvals(self).refuse_unbound(c, bound, orig["commit_sha"], "before an approved confirm run",
                                      recorded=orig["source_sha"])
         if gitops.head_sha(self.ws.root) != orig["commit_sha"] or (bound is None and gitops.is_dirty(self.ws.root)):
             raise LoopError(f"the tree is not at experiment {confirm_of}'s commit (you edited train.py after the "
@@ -788,13 +788,13 @@ class Engine:
         """The verdict of an experiment whose runs are in. approved_by_person (a person's re-measure of an
         approved keep, loop/decisions.py): a keep applies at once, and only if the experiment is exactly
         the approved bytes (else refused, a tamper event recorded)."""
-        with self._exclusive():
+        with self.exclusive():
             c = self.campaign
             exp = self._scorable(c, experiment_id)
             self._integrity(c, "before scoring")
             if approved_by_person is not None:
                 try:
-                    approvals.refuse_unbound(self, c, approved_by_person, exp["commit_sha"], "before an approved keep",
+                    approvals.Approvals(self).refuse_unbound(c, approved_by_person, exp["commit_sha"], "before an approved keep",
                                              recorded=exp["source_sha"])
                 except approvals.Tampered as e:
                     for r in [exp] + self.ledger.confirm_runs(exp["id"]):
@@ -816,7 +816,7 @@ class Engine:
             ids = [exp["id"]] + [r["id"] for r in self.ledger.confirm_runs(exp["id"])]
             for i in ids:
                 self.ledger.update_experiment(i, verdict=v.kind, verdict_reason=v.reason)
-            held = (approvals.hold_keep(self, c, exp, v, samples, best_mean, sig, approved_by_person)
+            held = (approvals.Approvals(self).hold_keep(c, exp, v, samples, best_mean, sig, approved_by_person)
                     if v.kind == "keep" else None)
             if held is not None:   # autonomy approve-keeps: the keep waits on a person (loop/approvals.py)
                 v, nxt = held
@@ -923,14 +923,14 @@ class Engine:
         if drv is None:
             return
         try:
-            with self._exclusive():
+            with self.exclusive():
                 asyncrun.settle(self, drv)
         except Busy:
             pass
 
     # -- revert -----------------------------------------------------------------
     def revert(self, to: Optional[int] = None) -> RevertResult:
-        with self._exclusive():
+        with self.exclusive():
             c = self.campaign
             if to is None:
                 commit, eid = c["best_commit"], c["best_experiment_id"]
@@ -943,7 +943,7 @@ class Engine:
                                     "experiment, a baseline, or a pending retest")
                 commit, eid = exp["commit_sha"], exp["id"]
             # an uncommitted edit (not in HEAD, not what the revert puts there) is saved before it is overwritten
-            now, head, target = self._tree_files(), self._files_at(gitops.head_sha(self.ws.root)), self._files_at(commit)
+            now, head, target = self._tree_files(), self.files_at(gitops.head_sha(self.ws.root)), self.files_at(commit)
             lost = {rel: data for rel, data in now.items() if data is not None and data != head[rel]
                     and data != target[rel]}
             backup = self.save_backup(lost, "before-revert") if lost else None
@@ -966,7 +966,7 @@ class Engine:
         b = self.budget(c)
         left = "" if b.experiments_left is None else f" ({b.experiments_used} used, {b.experiments_left} left)"
         budget = f"the interrupted run does not count against the experiment budget{left}"
-        edit = self._tree_files() != self._files_at(c["best_commit"])
+        edit = self._tree_files() != self.files_at(c["best_commit"])
         tree = (f"{', '.join(self.ws.cfg.paths.editable)} kept as you left it" if edit else
                 f"{', '.join(self.ws.cfg.paths.editable)} is at the best version ({c['best_commit'][:10]})")
         if not rows:

@@ -25,7 +25,7 @@ import subprocess
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Iterator, Optional
+from typing import Iterable, Iterator, Mapping, Optional
 
 import git
 
@@ -415,21 +415,43 @@ def _git(root: Path | str, *args: str, data: Optional[bytes] = None, env: Option
     return proc.stdout
 
 
-def snapshot_commit(root: Path, parent: str, files: dict[str, bytes], message: str, ref: str) -> str:
-    """A commit of `parent`'s tree with `files` replaced, made without touching the working tree, the index
-    or the branch (a private index file); kept alive by `ref` (refs/loopwright/...). Returns its sha."""
+def commit_files(root: Path, parent: str, files: Mapping[str, Optional[bytes]], message: str) -> str:
+    """A commit of `parent`'s tree with `files` replaced (None: removed), made with a private index file:
+    the working tree, the agent's index and every branch are left alone, and the blobs are exactly these
+    bytes (no filters). Returns its sha; nothing refers to it until a ref is set."""
     with tempfile.TemporaryDirectory(prefix="loopwright-index-") as d:
         env = {"GIT_INDEX_FILE": str(Path(d) / "index")}
         _git(root, "read-tree", parent, env=env)
         for rel, data in files.items():
+            if data is None:
+                _git(root, "update-index", "--force-remove", rel, env=env)
+                continue
             blob = _git(root, "hash-object", "-w", "--no-filters", "--stdin", data=data).decode().strip()
             _git(root, "update-index", "--add", "--cacheinfo", f"100644,{blob},{rel}", env=env)
         tree = _git(root, "write-tree", env=env).decode().strip()
     env = {"GIT_AUTHOR_NAME": AUTHOR.name, "GIT_AUTHOR_EMAIL": AUTHOR.email,
            "GIT_COMMITTER_NAME": AUTHOR.name, "GIT_COMMITTER_EMAIL": AUTHOR.email}
-    sha = _git(root, "commit-tree", tree, "-p", parent, data=message.encode(), env=env).decode().strip()
+    return _git(root, "commit-tree", tree, "-p", parent, data=message.encode(), env=env).decode().strip()
+
+
+def snapshot_commit(root: Path, parent: str, files: dict[str, bytes], message: str, ref: str) -> str:
+    """commit_files, kept alive by `ref` (refs/loopwright/...). Returns its sha."""
+    sha = commit_files(root, parent, dict(files), message)
     _git(root, "update-ref", ref, sha)
     return sha
+
+
+def set_branch(root: Path, branch: str, commit: str) -> None:
+    """Point `branch` at `commit` without checking it out (the tree and HEAD stay)."""
+    update_ref(root, f"refs/heads/{branch}", commit)
+
+
+def blob_or_none(root: Path, commit: str, path: str) -> Optional[bytes]:
+    """blob_bytes, or None when `path` is not in `commit`."""
+    try:
+        return blob_bytes(root, commit, path)
+    except GitError:
+        return None
 
 
 def update_ref(root: Path, ref: str, sha: str) -> None:

@@ -86,7 +86,7 @@ def replay(eng, seeds: int = 3, keeps_only: bool = True, on_run: Optional[Callab
         raise LoopError("--seeds must be at least 1 (3 is a good default)")
     t0 = time.monotonic()
     say = on_run or (lambda s: None)
-    with eng._exclusive():
+    with eng.exclusive():
         c = eng.campaign
         keeps = eng.ledger.kept_candidates(c["id"])
         if not keeps:

@@ -37,10 +37,11 @@ def loop_status(root: Path | str) -> LoopStatus:
         # the autonomy slider: overdue approvals expire; when everything waits on a person, let the agent stop
         from mcp_server.loop import approvals
 
-        approvals.expire_due(eng)
+        ap = approvals.Approvals(eng)
+        ap.expire_due()
         cid = eng.campaign["id"]
-        waiting = [a["id"] for a in approvals.waiting(eng.ledger, cid)]
-        why = approvals.blocks_agent(eng.ws, eng.ledger, cid)
+        waiting = [a["id"] for a in ap.waiting(cid)]
+        why = ap.blocks_agent(cid)
         if why and not s.pending_retest and not s.pending_score:
             return {"should_stop": True, "reason": f"waiting on a person: {why}", "progress": progress,
                     "waiting_approvals": waiting,
@@ -86,9 +87,10 @@ def session_summary(root: Path | str) -> str:
             lines.append("Notes: " + "; ".join(f"[{n['kind']}] {n['text'][:120]}" for n in notes))
         from mcp_server.loop import approvals
 
-        waiting = approvals.waiting(eng.ledger, eng.campaign["id"])
+        ap = approvals.Approvals(eng)
+        waiting = ap.waiting(eng.campaign["id"])
         if waiting:
-            lines.append("Waiting for a person (autonomy " + approvals.mode(eng.ws) + "): "
+            lines.append("Waiting for a person (autonomy " + ap.mode + "): "
                          + "; ".join(approvals.describe(a) for a in waiting[:5]))
         if s.pending_retest:
             lines.append(f"Pending: confirm run for experiment {s.pending_retest[-1]}.")

@@ -41,7 +41,7 @@ def mechanisms_dir(ws) -> Path:
     return ws.state_dir / "mechanisms"
 
 
-def _sha(code: str) -> str:
+def code_sha(code: str) -> str:
     return hashlib.sha256(code.encode("utf-8")).hexdigest()
 
 
@@ -86,7 +86,7 @@ def propose(engine, name: str, code: str, rationale: str = "", author: str = "",
         raise MechanismError(v.reason)
     c = engine.campaign
     mid, version = engine.ledger.add_mechanism(
-        name, kind, _sha(code), lambda ver: f"{name}/v{ver}.py", rationale, author, c["id"],
+        name, kind, code_sha(code), lambda ver: f"{name}/v{ver}.py", rationale, author, c["id"],
         "validated" if v.ok else "rejected", v.reason,
         {"problems": v.problems, "samples": v.samples, "seconds": round(v.seconds, 3), "isolation": v.isolation})
     _write_code(engine.ws, name, version, code)
@@ -101,7 +101,7 @@ def load_code(ws, row: dict) -> str:
         code = path.read_text(encoding="utf-8")
     except OSError as e:
         raise MechanismError(f"{row['name']} v{row['version']}: its code is missing ({path}: {e})") from None
-    if _sha(code) != row["code_sha256"]:
+    if code_sha(code) != row["code_sha256"]:
         raise MechanismError(f"{row['name']} v{row['version']}: {path} changed after validation; propose it again")
     return code
 

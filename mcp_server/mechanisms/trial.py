@@ -166,7 +166,7 @@ def install_library(engine, history=None) -> list[str]:
     done = []
     for name, code in registry.library_code().items():
         row = engine.ledger.mechanism(name=name)
-        if row is None or row["code_sha256"] != registry._sha(code):
+        if row is None or row["code_sha256"] != registry.code_sha(code):
             registry.propose(engine, name, code, "shipped with loopwright", "builtin-outer", kind="library",
                              history=history)
             done.append(name)

@@ -432,8 +432,8 @@ def write_report(workspace: Path | str | None = None) -> ReportFiles:
         data.replay = latest(eng.ledger, c["id"])
         from mcp_server.mechanisms.report import section as mechanism_section
         data.mechanism_lines = mechanism_section(eng.ledger, c["id"], rows)
-        from mcp_server.loop.approvals import report_section
-        data.approval_lines = report_section(eng.ledger, c["id"])
+        from mcp_server.loop.approvals import Approvals
+        data.approval_lines = Approvals(eng).report_section(c["id"])
         from mcp_server.loop.status import executor_view
         data.executor_lines = executor_section(executor_view(eng))
         out = eng.ws.reports_dir
