@@ -501,7 +501,7 @@ class Engine:
         sd, _ = self.sigma_paired(c)
         n = self.ws.cfg.noise
         return BaselineInfo(samples=samples, mean=statistics.fmean(samples), sigma=sig,
-                            keep_threshold=verdict.bar(sd, n, len(seeds)), sigma_paired=sd,
+                            keep_threshold=verdict.keep_bar(sd, n, len(seeds)), sigma_paired=sd,
                             mde=verdict.achieved_mde(sd, n), seeds=seeds)
 
     def _baseline_result(self, c: dict, baseline: BaselineInfo) -> ExperimentResult:
@@ -612,7 +612,8 @@ class Engine:
         if pairs:
             res.val_bpb = round(statistics.fmean(p.candidate for p in pairs), 6)
             res.delta_vs_best = round(statistics.fmean(p.d for p in pairs), 6)
-        how = ("clearly worse on the first pair, so the other seeds were not run. " if res.early_stopped else "")
+        how = (f"the verdict was clear after {len(pairs)} pair(s), so the rest of the seed set was not run. "
+               if res.early_stopped else "")
         res.next_step = (f"{how}Ran on {len(pairs)} seed(s) paired with the best version (mean paired delta "
                          f"{res.delta_vs_best:+.5f}). Call score(experiment_id={eid}) for the verdict.")
         return res
@@ -1000,7 +1001,7 @@ class Engine:
                "Budget remains: keep going (state_read, edit train.py, run_experiment, score).")
         sd, _ = self.sigma_paired(c)
         noise = self.ws.cfg.noise
-        bar, mde = verdict.bar(sd, noise, noise.baseline_seeds), verdict.achieved_mde(sd, noise)
+        bar, mde = verdict.keep_bar(sd, noise, noise.baseline_seeds), verdict.achieved_mde(sd, noise)
         runs = self.next_experiment_runs(c)
         if not should_stop:
             left = "" if st.runs_left is None else f" ({st.runs_left} left in the budget)"
@@ -1101,9 +1102,12 @@ class Engine:
         return NoiseInfo(baseline_samples=base, baseline_mean=statistics.fmean(base) if base else None, sigma=sig,
                          min_delta=n.min_delta, k_sigma=n.k_sigma, single_run_threshold=verdict.bar(sd, n, 1),
                          sigma_paired=sd, paired_dof=dof, seeds=seeds, seed_set=idx,
-                         keep_threshold=verdict.bar(sd, n, len(seeds)), mde=verdict.achieved_mde(sd, n),
-                         rule=(f"candidates run on the reference's seeds; keep iff mean(candidate - reference) <= "
-                               f"-max({n.min_delta}, {n.k_sigma} * sigma_paired / sqrt(n)); sigma_paired pools "
+                         keep_threshold=verdict.keep_bar(sd, n, len(seeds)), mde=verdict.achieved_mde(sd, n),
+                         rule=("candidates run on the reference's seeds; keep iff mean(candidate - reference) <= "
+                               + (f"-max({n.min_delta}, {n.k_sigma} * sigma_paired / sqrt(n))" if n.pairs == "fixed" else
+                                  f"minus the sequential keep bound after n pairs (adaptive pairs: one more pair while "
+                                  f"the call is close, at most {n.max_pairs})")
+                               + f"; sigma_paired pools "
                                f"{dof} dof of this campaign's pairs with a prior {n.sigma_prior} worth "
                                f"{n.prior_pairs:g} pairs; fresh seed set every {n.rotate_every} candidates"))
 

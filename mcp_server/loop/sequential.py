@@ -16,13 +16,15 @@ positive is better; S_n = x_1 + ... + x_n):
 * Truncation: at `max_pairs` pairs the test must decide: keep iff L_N >= log((1 - beta) / alpha) / 2
   (halfway to the keep boundary, which keeps the false-keep rate below 5 %).
 
-Error rates (exact for normal pairs at a known sigma_d, computed by `operating`, checked by simulation in
-tests/test_sequential.py): with the defaults (k_sigma 2, baseline_seeds 3, min_pairs 1, max_pairs 6) a
-null change is kept 3.0 % of the time, a change of one MDE (`achieved_mde`, 1.60 sigma_d) 80 %; the
-expected number of pairs is about 2.3 for a null change and 2.4 at one MDE, 1.2 for a change of 3 MDEs
-or a loss of one MDE (BENCHMARKS.md "Adaptive pairs"). The fixed design spends 3 pairs on each (plus
-confirms). The rates are per comparison; sigma_d itself is estimated (pooled with a prior), which the
-simulation in the test includes at the campaign's own prior.
+Error rates. At a known sigma_d (exact, by `operating`) with the defaults (k_sigma 2, min_pairs 1,
+max_pairs 6): a null change is kept 1.2 % of the time (0.9 % with baseline_seeds 2, as the demo), and the
+MDE (`achieved_mde`: 1.46 sigma_d at baseline_seeds 3, 1.65 at 2; the fixed design's is 1.64 and 2.01)
+82 % of the time. Simulated with sigma_d estimated the campaign's way (pooled over earlier comparisons
+with the prior; mcp_server/loop/pairsim.py, checked in tests/test_sequential.py): null kept <= 5 %
+(about 1 %), one reported MDE kept >= 80 % (84-87 %). Expected pairs: about 2.1 for a null change, 3.4
+at one MDE, 1.1 for a gain of 3 MDEs or a loss of one MDE (baseline_seeds 3); the fixed design spends
+the whole seed set on each, plus confirms near the bar (BENCHMARKS.md "Adaptive pairs"). The rates are
+per comparison: a campaign of many null changes keeps some, which replay (`loopwright replay`) checks.
 """
 from __future__ import annotations
 
@@ -38,6 +40,12 @@ from mcp_server.loop.config import NoiseConfig
 
 BETA = 0.2          # 1 - power at the design effect
 Z_POWER = 0.8416    # one-sided normal quantile for 80 % power
+# achieved_mde is the gain kept with this probability when sigma_d is known: a margin over 80 % for sigma_d
+# being an estimate (pooled with the prior), so that the MDE a campaign reports is kept >= 80 % of the time
+MDE_POWER = 0.82
+# The MDE is stated at 82 % power for a known sigma_d, so that with sigma_d estimated from the campaign's
+# pairs (pairsim.py) an effect of one MDE is still kept at least 80 % of the time.
+MDE_MARGIN = 0.02
 Step = Literal["keep", "discard", "more"]
 
 
@@ -52,16 +60,6 @@ class Design:
     @property
     def max_pairs(self) -> int:
         return len(self.upper)
-
-
-def _phi_cdf(x: np.ndarray) -> np.ndarray:
-    from math import erf
-
-    return 0.5 * (1.0 + np.vectorize(erf)(x / math.sqrt(2.0)))
-
-
-def alpha_of(noise: NoiseConfig) -> float:
-    return 0.5 * math.erfc(noise.k_sigma / math.sqrt(2.0))
 
 
 @lru_cache(maxsize=64)
@@ -156,7 +154,8 @@ def operating(noise: NoiseConfig, effect: float) -> tuple[float, float]:
 
 
 def achieved_mde(sigma_d: float, noise: NoiseConfig) -> float:
-    """The true gain kept with 80 % probability under adaptive pairs (bits/byte), at least min_delta."""
+    """The true gain kept with at least 80 % probability under adaptive pairs (bits/byte), at least min_delta:
+    MDE_POWER at a known sigma_d, which leaves room for the estimate's own noise."""
     return max(noise.min_delta, _mde_sigmas(float(noise.k_sigma), int(noise.baseline_seeds),
                                             int(noise.min_pairs), int(noise.max_pairs)) * sigma_d)
 
@@ -168,7 +167,7 @@ def _mde_sigmas(k_sigma: float, seeds: int, min_pairs: int, max_pairs: int) -> f
     lo, hi = 0.0, 10.0
     for _ in range(30):   # P(keep) rises with the effect
         mid = (lo + hi) / 2
-        if operating(noise, mid)[0] >= 1 - BETA:
+        if operating(noise, mid)[0] >= MDE_POWER:
             hi = mid
         else:
             lo = mid

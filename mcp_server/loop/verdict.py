@@ -113,6 +113,13 @@ def achieved_mde(sigma_d: float, noise: NoiseConfig) -> float:
     return mde(sigma_d, noise, noise.baseline_seeds)
 
 
+def keep_bar(sigma_d: float, noise: NoiseConfig, n_pairs: int) -> float:
+    """The mean paired gain that keeps with n pairs under the campaign's pairs rule (fixed: `bar`)."""
+    if noise.pairs == "adaptive":
+        return sequential.keep_bound(sigma_d, noise, n_pairs)
+    return bar(sigma_d, noise, n_pairs)
+
+
 def enough_pairs(diffs: Sequence[float], sigma_d: float, noise: NoiseConfig, n_planned: int) -> bool:
     """Whether the seed set's remaining pairs can be skipped: the verdict is already clear after these pairs.
     Fixed pairs: only the first-pair early stop (clearly worse); adaptive: the sequential test decided."""

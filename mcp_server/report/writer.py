@@ -136,7 +136,7 @@ def collect(rows: list[dict], cfg: LoopwrightConfig, tag: str = "", budget: Opti
             kept.append((p, p.val_bpb - prev, p.val_bpb - (statistics.fmean(baseline) if baseline else p.val_bpb)))
             best_val, best = p.val_bpb, p
     return ReportData(tag, baseline, baseline_test, sigma,
-                      verdictmod.bar(sigma_d, cfg.noise, n_pairs), cfg.noise.min_delta,
+                      verdictmod.keep_bar(sigma_d, cfg.noise, n_pairs), cfg.noise.min_delta,
                       cfg.noise.k_sigma, points, kept, best, budget or {}, cfg.noise.sigma_floor,
                       [r["num_steps"] for r in base_rows if r.get("num_steps") is not None],
                       sigma_paired=sigma_d, paired_dof=dof, n_pairs=n_pairs,
