@@ -166,7 +166,7 @@ class NoiseConfig(_Section):
         "left out of sigma_d (0 = none): a big effect's spread over seeds says how that effect varies with the "
         "seed, not how noisy the measurement of a small change is")
     # adaptive pairs (mcp_server/loop/sequential.py). The default stays "fixed" so that a workspace made before
-    # this field existed keeps the verdict rule its lock was made for; `loopwright demo` uses "adaptive".
+    # this field existed keeps the verdict rule its lock was made for (BENCHMARKS.md "Adaptive pairs" compares them).
     pairs: Literal["adaptive", "fixed"] = Field(default="fixed", description=(
         "adaptive: a sequential test after each pair, more pairs only while the call is close (up to max_pairs); "
         "fixed: the whole seed set, then retests near the bar"))
