@@ -104,6 +104,8 @@ def _ledger_pairs(eng, exp_id: int) -> list[dict]:
 
 def test_sync_score_path_stops_early_and_confirms_close_calls_on_fresh_seeds(tmp_path, small_corpus, monkeypatch):
     from mcp_server.loop.engine import Engine
+    from mcp_server.loop.status import session_summary
+    from mcp_server.report.writer import write_report
 
     # a big seed effect that cancels in the pairs; LR 0.0004 is 0.2 better (clear), WARMUP_STEPS 7 0.01 better
     # (close at sigma_d ~0.02) with a little per-seed wobble, anything else no different
@@ -138,9 +140,16 @@ def test_sync_score_path_stops_early_and_confirms_close_calls_on_fresh_seeds(tmp
         runs = _ledger_pairs(eng, r.experiment_id)
         assert 3 < len(runs) <= 5 and len(v.pairs) == len(runs)
         assert [x["role"] for x in runs][:3] == ["candidate", "pair", "pair"]
-        confirms = [x for x in runs[3:]]
-        assert all(x["role"] == "confirm" and x["seed"] not in seed_set for x in confirms)
+        assert all(x["role"] == "confirm" and x["seed"] not in seed_set for x in runs[3:])
         assert len({x["seed"] for x in runs}) == len(runs)
+        b = eng.budget()
+        mde = b.mde
+        assert mde == pytest.approx(verdict.achieved_mde(b.sigma_paired, ws.cfg.noise), abs=1e-5)
+        assert mde < verdict.mde(b.sigma_paired, ws.cfg.noise, 3)   # below the fixed rule's at this sigma_d
+    # the MDE the campaign achieves, where it is read: SessionStart and report.md
+    assert f"minimum detectable effect ~{mde:.4f}" in session_summary(ws.root)
+    md = write_report(ws.root).markdown.read_text()
+    assert "Paired verdict (adaptive pairs)" in md and f"**{mde:.4f}** bits/byte" in md
 
 
 def test_async_wait_path_adds_pairs_only_while_the_call_is_open(tmp_path, small_corpus, monkeypatch):
