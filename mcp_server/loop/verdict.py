@@ -107,7 +107,7 @@ def mde(sigma_d: float, noise: NoiseConfig, n_pairs: int) -> float:
 
 def achieved_mde(sigma_d: float, noise: NoiseConfig) -> float:
     """The MDE the campaign achieves with its pairs rule: fixed, one seed set (baseline_seeds pairs);
-    adaptive, the sequential test's 80 %-power effect (sequential.achieved_mde)."""
+    adaptive, the gain the sequential test keeps >= 80 % of the time (sequential.achieved_mde)."""
     if noise.pairs == "adaptive":
         return sequential.achieved_mde(sigma_d, noise)
     return mde(sigma_d, noise, noise.baseline_seeds)
