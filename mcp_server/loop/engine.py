@@ -21,10 +21,12 @@ from mcp_server.ledger.store import SeedSet
 from mcp_server.loop import approvals, asyncrun, gitops, integrity, runner, verdict
 from mcp_server.loop import budget as budgetmod
 from mcp_server.loop import text as textmod
+from mcp_server.loop.change import as_change, check_against
 from mcp_server.loop.errors import Busy, Interrupted, LoopError
 from mcp_server.loop.models import (
     BaselineInfo,
     BudgetResult,
+    Change,
     ExperimentResult,
     ExperimentRow,
     NoiseInfo,
@@ -426,7 +428,8 @@ class Engine:
     def run_experiment(self, description: str, hypothesis: Optional[str] = None,
                        confirm_of: Optional[int] = None, on_progress: Optional[runner.ProgressFn] = None,
                        session_id: Optional[int] = None,
-                       approved_by_person: Optional[approvals.Approved] = None) -> ExperimentResult:
+                       approved_by_person: Optional[approvals.Approved] = None,
+                       change: Optional[Change | dict] = None) -> ExperimentResult:
         """Run the change in the working tree (committed first) on the seed set, or with confirm_of a confirm
         run of a retest. approved_by_person (only from a person's process: loop/decisions.py) runs exactly
         its commit instead, never the working tree, and is neither held nor delayed by other approvals."""
@@ -436,6 +439,10 @@ class Engine:
             raise LoopError("description is required: say in a few words what this experiment changes")
         if confirm_of is not None:
             confirm_of = _experiment_id(confirm_of, "confirm_of")
+        structured = as_change(change)
+        if structured is not None and confirm_of is not None:
+            raise LoopError("change describes a new candidate; a confirm run re-runs the retest's own change, "
+                            "so leave change out with confirm_of")
         with self._exclusive():
             c = self.campaign
             pending = self.ledger.submissions(c["id"], open_only=True)
@@ -470,7 +477,7 @@ class Engine:
             if confirm_of is not None:
                 res = self._run_confirm(c, confirm_of, description, on_progress, session_id, bound)
             else:
-                res = self._run_candidate(c, description, hypothesis, on_progress, session_id, bound)
+                res = self._run_candidate(c, description, hypothesis, on_progress, session_id, bound, structured)
             res.baseline = baseline
             res.reference_runs += len(refs)
             if res.status != "ok":   # an ok run waits for score(): the end is recorded after the keep it may make
@@ -517,6 +524,13 @@ class Engine:
                        f"(detectable effect ~{baseline.mde:.4f}). Edit train.py and call "
                        "run_experiment(description, hypothesis)."))
 
+    def check_change(self, c: dict, change: Change, commit: Optional[str] = None) -> None:
+        """A LoopError unless `change` agrees with train.py: the best version's against `commit`'s (None:
+        the working tree's)."""
+        rel = self.ws.cfg.paths.editable[0]
+        after = self._tree_files() if commit is None else self._files_at(commit)
+        check_against(change, self._files_at(c["best_commit"]).get(rel), after.get(rel), rel)
+
     def _refuse_non_change(self, c, bound: Optional[approvals.Approved] = None) -> str:
         """train.py's source (the working tree's, or the approved commit's), unless it is no real change from
         the best version (then a LoopError saying what it is: identical, comments/whitespace only, or seed only)."""
@@ -534,8 +548,11 @@ class Engine:
         return src
 
     def _run_candidate(self, c, description, hypothesis, on_progress, session_id,
-                       bound: Optional[approvals.Approved] = None) -> ExperimentResult:
+                       bound: Optional[approvals.Approved] = None,
+                       change: Optional[Change] = None) -> ExperimentResult:
         src = self._refuse_non_change(c, bound)
+        if change is not None:
+            self.check_change(c, change, None if bound is None else bound.commit)
         sha = self._sha(src)
         p = self.ledger.prior_of_source(c["id"], sha, skip_statuses=("interrupted",),
                                         skip_reason_prefix=INTERRUPTED_REASON)
@@ -568,7 +585,7 @@ class Engine:
         noise = self.ws.cfg.noise
         res = self._execute(c, description, hypothesis, commit, c["best_commit"], on_progress, session_id,
                             source_sha=sha, seed=seeds[0], role="candidate", paired_with=refs[seeds[0]]["id"],
-                            seed_set=set_index)
+                            seed_set=set_index, change=change)
         res.warnings.extend(warnings)
         if res.status != "ok":
             return res
@@ -658,7 +675,7 @@ class Engine:
 
     def _execute(self, c, description, hypothesis, commit, parent, on_progress, session_id, *, seed: int,
                  is_baseline=False, confirm_of=None, source_sha=None, role=None, paired_with=None,
-                 seed_set=None) -> ExperimentResult:
+                 seed_set=None, change: Optional[Change] = None) -> ExperimentResult:
         t_start = time.monotonic()
         added, removed = (0, 0) if commit == parent else gitops.diff_stats(
             self.ws.root, parent, commit, self.ws.cfg.paths.editable[0])
@@ -666,7 +683,7 @@ class Engine:
             c["id"], description, hypothesis=hypothesis, commit_sha=commit, parent_commit=parent,
             is_baseline=int(is_baseline), confirm_of=confirm_of, source_sha=source_sha, lines_added=added,
             lines_removed=removed, session_id=session_id, role=role, paired_with=paired_with, seed_set=seed_set,
-            seed=seed)
+            seed=seed, change=None if change is None else change.model_dump())
         run_dir = self.ws.run_dir(eid)
         try:
             ledger_before = self._ledger_digest(eid)
@@ -894,7 +911,7 @@ class Engine:
 
     # -- asynchronous experiments (loop/asyncrun.py, on the executor of the [executor] settings) ----------
     def submit_experiment(self, description: str, hypothesis: Optional[str] = None,
-                          session_id: Optional[int] = None) -> SubmitResult:
+                          session_id: Optional[int] = None, change: Optional[Change | dict] = None) -> SubmitResult:
         """Snapshot train.py into a commit (branch, index and working tree untouched: the agent edits on),
         queue its runs on the executor -- any reference runs of the best it needs, then the candidate on
         every seed of the seed set, paired, in parallel up to `[executor] parallel` -- and return its id at
@@ -902,7 +919,7 @@ class Engine:
         all its runs are in, against the best at that time (a stale candidate is rebased and re-measured);
         wait() or state_read() record it. Raises LoopError (nothing recorded) when the budget cannot hold
         its runs, the executor cannot be reached, or another process drives this workspace."""
-        return asyncrun.submit(self, description, hypothesis, session_id)
+        return asyncrun.submit(self, description, hypothesis, session_id, as_change(change))
 
     def wait(self, ids: Optional[list[int]] = None, timeout: float = 600.0) -> WaitResult:
         """Record finished runs and decide what can be decided; block until every id in `ids` is decided
