@@ -92,8 +92,9 @@ def test_page_shows_the_campaign_and_escapes_agent_text(ws):
         assert "&lt;img src=x onerror=&quot;document.title=&#x27;pwned&#x27;&quot;&gt;" in page
         csp = r.headers["content-security-policy"]
         assert "script-src 'self'" in csp and "frame-ancestors 'none'" in csp
-        # no token cookie yet: the approval is shown, the form is not
-        assert "approval-1" in page and 'name="csrf"' not in page and "printed" in page
+        # the decision form carries no secret: the page's script adds the token this browser holds
+        assert "approval-1" in page and '<input type="hidden" name="token" value="">' in page
+        assert guard.token not in page and "printed at start" in page and "set-cookie" not in r.headers
         # the chart has one point per measured or failed candidate, each naming its experiment and verdict
         assert page.count('class="pt"') == 3 and "#3 discard" in page
         # the experiment page: paired runs with seeds, the verdict reason, the diff, the log tail, all escaped
@@ -116,34 +117,28 @@ def test_page_shows_the_campaign_and_escapes_agent_text(ws):
         assert set(frag["parts"]) == {"overview", "chart", "approvals", "experiments"} and HOSTILE not in json.dumps(frag)
 
 
-def token_cookie(cl: TestClient, guard) -> None:
-    r = cl.get(f"/?token={guard.token}", follow_redirects=False)
-    assert r.status_code == 303 and "httponly" in r.headers["set-cookie"].lower()
-    assert "samesite=strict" in r.headers["set-cookie"].lower()
-
-
-def post(cl: TestClient, guard, aid: int = 1, origin: str | None = "http://127.0.0.1:8377", csrf: str | None = None,
+def post(cl: TestClient, guard, aid: int = 1, origin: str | None = "http://127.0.0.1:8377", token: str | None = None,
          **form):
     headers = {"Origin": origin} if origin else {}
-    return cl.post(f"/w/0/approvals/{aid}", data={"csrf": guard.csrf if csrf is None else csrf, **form},
+    return cl.post(f"/w/0/approvals/{aid}", data={"token": guard.token if token is None else token, **form},
                    headers=headers)
 
 
-def test_a_decision_needs_the_token_the_csrf_field_and_a_same_origin_request(ws):
+def test_a_decision_needs_the_token_in_the_form_and_a_same_origin_request(ws):
     app, guard = make_app(ws)
     with client(app) as cl:
-        assert cl.get("/?token=not-the-token").status_code == 403
-        r = post(cl, guard, decision="approve")                 # no token cookie
-        assert r.status_code == 403 and "token" in r.text
-        token_cookie(cl, guard)
-        assert 'name="csrf"' in cl.get("/w/0/").text
+        r = post(cl, guard, token="", decision="approve")
+        assert r.status_code == 403 and "no dashboard token" in r.text
+        r = post(cl, guard, token=guard.token[:-1] + "x", decision="approve")
+        assert r.status_code == 403 and "wrong dashboard token" in r.text
+        # the right token from a foreign page (Origin), from nowhere, or flagged cross-site by the browser
         r = post(cl, guard, origin="http://evil.example", decision="approve")
+        assert r.status_code == 403 and "cross-site" in r.text
+        r = post(cl, guard, origin="http://127.0.0.1:9999", decision="approve")     # another local port
         assert r.status_code == 403 and "cross-site" in r.text
         r = post(cl, guard, origin=None, decision="approve")
         assert r.status_code == 403 and "Origin" in r.text
-        r = post(cl, guard, csrf="0" * 64, decision="approve")
-        assert r.status_code == 403 and "CSRF" in r.text
-        r = cl.post("/w/0/approvals/1", data={"csrf": guard.csrf, "decision": "approve"},
+        r = cl.post("/w/0/approvals/1", data={"token": guard.token, "decision": "approve"},
                     headers={"Origin": "http://127.0.0.1:8377", "Sec-Fetch-Site": "cross-site"})
         assert r.status_code == 403
         # DNS rebinding: a name this server does not answer to is refused before anything runs
@@ -168,7 +163,6 @@ def test_approve_goes_through_the_decision_code_and_moves_the_best(ws):
     with Engine(ws.root, read_only=True) as eng:
         keep = eng.ledger.approval(1)
     with client(app) as cl:
-        token_cookie(cl, guard)
         r = post(cl, guard, decision="approve", note="looks right")
         assert r.status_code == 200, r.text
         app.state.appliers.join(60)
@@ -180,14 +174,23 @@ def test_approve_goes_through_the_decision_code_and_moves_the_best(ws):
         assert eng.ledger.experiment(keep["experiment_id"])["verdict"] == "keep"
         assert [e["payload"]["approval_id"] for e in eng.ledger.events(kind="approval_decided")] == [1]
     assert gitops.head_sha(ws.root) == keep["commit_sha"]
+    # a replay of the kept change shows on its page: per fresh seed, parent and child, and the outcome
+    with Engine(ws.root, read_only=True) as eng:
+        cid, eid = eng.campaign["id"], keep["experiment_id"]
+        for seed, parent, child in ((2001, 2.00, 1.81), (2002, 2.01, 1.83)):
+            eng.ledger.add_replay_run(cid, 1, eid, "parent", keep["base_commit"], seed, "ok", parent, 4, None, time.time())
+            eng.ledger.add_replay_run(cid, 1, eid, "child", keep["commit_sha"], seed, "ok", child, 4, None, time.time())
+    with client(app) as cl:
+        page = cl.get(f"/w/0/experiments/{eid}").text
+    assert "Replay #1: <b>holds</b>, mean paired gain +0.1850" in page
+    assert "<td>2001</td><td>2.0000</td><td>1.8100</td><td>-0.1900</td>" in page
 
 
 def test_read_only_mode_changes_nothing(ws):
     app, guard = make_app(ws, read_only=True)
     with client(app) as cl:
-        token_cookie(cl, guard)
         page = cl.get("/w/0/").text
-        assert 'name="csrf"' not in page and "read-only" in page
+        assert "<form" not in page and "read-only" in page
         r = post(cl, guard, decision="approve")
         assert r.status_code == 403 and "read-only" in r.text
     assert approval(ws)["status"] == "pending"
@@ -216,6 +219,13 @@ def test_the_cli_refuses_bad_bindings_and_the_guard_refuses_the_agent(ws, capsys
     assert "--allow-remote" in capsys.readouterr().err
     assert cli_main(["dashboard", "--workspace", str(ws.root), "--all"]) == 2
     assert cli_main(["dashboard", "--workspace", str(ws.root), "--port", "0"]) == 2
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        capsys.readouterr()
+        assert cli_main(["dashboard", "--workspace", str(ws.root), "--port", str(port)]) == 2
+        assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
     assert "dashboard" in HUMAN_COMMANDS
     from test_guard import decide, payload
 
@@ -240,15 +250,19 @@ def test_the_command_prints_a_url_with_the_token_and_serves(ws):
     try:
         url = wait_for(lambda: next((w for w in proc.stdout.readline().split() if w.startswith("http://")), None),
                        timeout=60, what="the printed URL")
-        assert url.startswith(f"http://127.0.0.1:{port}/?token=")
+        assert url.startswith(f"http://127.0.0.1:{port}/#token=")
         token = url.split("token=", 1)[1]
-        opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor())
+        opener = urllib.request.build_opener()
         page = wait_for(lambda: _get(opener, url), timeout=30, what="the page")
-        assert 'name="csrf"' in page and "raise the learning rate" in page
+        assert "raise the learning rate" in page and token not in page
+        decide = f"http://127.0.0.1:{port}/w/0/approvals/1"
         with pytest.raises(urllib.error.HTTPError) as refused:
-            opener.open(urllib.request.Request(f"http://127.0.0.1:{port}/w/0/approvals/1", data=b"decision=approve",
+            opener.open(urllib.request.Request(decide, data=f"decision=approve&token={token}".encode(),
                                                headers={"Origin": "http://evil.example"}), timeout=10)
         assert refused.value.code == 403
+        r = opener.open(urllib.request.Request(decide, data=f"decision=reject&note=later&token={token}".encode(),
+                                               headers={"Origin": f"http://127.0.0.1:{port}"}), timeout=30)
+        assert r.status == 200 and approval(ws)["decided_via"] == "dashboard"
         stored = [p for p in ws.state_dir.rglob("*") if p.is_file() and token.encode() in p.read_bytes()]
         assert stored == [] and token not in (ws.root / ".loopwright").joinpath("workspace-id").read_text()
     finally:
@@ -293,7 +307,10 @@ def test_all_lists_every_workspace(tmp_path, small_corpus, ws):
     with client(app) as cl:
         page = cl.get("/").text
         assert 'href="/w/0/"' in page and 'href="/w/1/"' in page and "no campaign" not in page
+        assert 'data-live="/fragments"' in page and "data-index" not in page     # refreshes on any change
         assert cl.get("/w/1/").status_code == 200
+        listed = cl.get("/fragments").json()["parts"]["workspaces"]
+        assert str(ws.root) in listed and str(other.root) in listed and "waiting" in listed
     with pytest.raises(data.DashboardError, match="cannot show"):
         data.sources([tmp_path / "nowhere"])
 
@@ -352,7 +369,7 @@ def serving(app, port: int):
 def hostile_site(target: str):
     """Another origin whose page auto-submits an Approve to the dashboard (a CSRF attempt)."""
     page = (f"<html><body><form id=f method=post action=\"{target}/w/0/approvals/1\">"
-            "<input name=decision value=approve><input name=csrf value=guess></form>"
+            "<input name=decision value=approve><input name=token value=guess></form>"
             "<script>document.getElementById('f').submit()</script></body></html>").encode()
 
     class H(http.server.BaseHTTPRequestHandler):
@@ -428,20 +445,36 @@ def test_in_a_browser_token_csrf_hostile_text_and_approve(ws, browser):
         assert not browser.find_elements(By.CSS_SELECTOR, "main img") and browser.title != "pwned"
         assert len(browser.find_elements(By.CSS_SELECTOR, "#progress circle")) == 3
         wait_for(lambda: "live" in browser.find_element(By.ID, "live").text, what="the SSE stream")
-        # without the token the page offers no form, and a same-origin POST without it is refused
-        assert not browser.find_elements(By.CSS_SELECTOR, "form.decide")
-        status = browser.execute_async_script(
-            "var done = arguments[0]; fetch('/w/0/approvals/1', {method: 'POST', body: new URLSearchParams("
-            "{decision: 'approve', csrf: 'x'})}).then(function (r) { done(r.status); });")
-        assert status == 403
-        # filters hide what does not match
+        # this browser has no token yet: the page says so, and Approve is refused by the server
+        assert browser.find_element(By.CSS_SELECTOR, ".no-token").is_displayed()
+        browser.find_element(By.CSS_SELECTOR, "form.decide button.approve").click()
+        wait_for(lambda: "no dashboard token" in browser.page_source, what="the refusal")
+        assert approval(ws)["status"] == "pending"
+        browser.get(base + "/w/0/")
+        wait_for(lambda: browser.find_elements(By.ID, "progress"), what="the chart")
+        # hovering a point shows its experiment, description and verdict (as text)
+        from selenium.webdriver.common.action_chains import ActionChains
+        from selenium.webdriver.support.ui import Select
+
+        [hostile] = [c for c in browser.find_elements(By.CSS_SELECTOR, "#progress circle")
+                     if "discard" in c.get_attribute("data-label")]
+        ActionChains(browser).move_to_element(hostile).perform()
+        tip = wait_for(lambda: [t for t in browser.find_elements(By.ID, "tip") if t.is_displayed()], what="the tip")[0]
+        assert tip.text.startswith("#3 discard: <img src=x") and "val_bpb 2.0400" in tip.text
+        # filters hide what does not match: by verdict, and by text
+        Select(browser.find_element(By.ID, "f-verdict")).select_by_value("crash")
+        shown = [r.text for r in browser.find_elements(By.CSS_SELECTOR, "#exp-table tbody tr") if r.is_displayed()]
+        assert len(shown) == 1 and "a crash" in shown[0]
+        Select(browser.find_element(By.ID, "f-verdict")).select_by_value("")
         browser.find_element(By.ID, "f-text").send_keys("learning rate")
         visible = [r for r in browser.find_elements(By.CSS_SELECTOR, "#exp-table tbody tr") if r.is_displayed()]
         assert len(visible) == 1 and "raise the learning rate" in visible[0].text
-        # the person opens the printed URL: the token becomes a cookie and the form appears
+        # the person opens the printed URL: the page keeps the token for this origin and drops it from the URL
         browser.get(views_url(base, guard.token))
-        form = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "form.decide"), what="the decision form")
-        assert form and "token=" not in browser.current_url
+        wait_for(lambda: browser.current_url == base + "/w/0/", what="the token out of the address bar")
+        assert browser.execute_script("return localStorage.getItem('loopwright-dashboard-token')") == guard.token
+        assert not browser.find_element(By.CSS_SELECTOR, ".no-token").is_displayed()
+        assert not browser.get_cookies()
         shot(browser, "overview")
         # a cross-site page auto-submitting Approve is refused (Origin; and it cannot know the CSRF field)
         browser.get(evil)

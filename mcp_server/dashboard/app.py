@@ -1,11 +1,11 @@
 """The dashboard's routes (Starlette, served by uvicorn as the webhook receiver is).
 
-  GET  /                        the workspaces (one workspace: its page); ?token=... stores the token cookie
+  GET  /                        the workspaces (one workspace: its page)
   GET  /w/<i>/                  a campaign: overview, live chart, approvals, experiment table
   GET  /w/<i>/fragments         the same parts as JSON of HTML strings (what the page's script swaps in)
   GET  /w/<i>/experiments/<id>  one experiment: paired runs and seeds, verdict reason, replay, diff, log tail
   GET  /events                  Server-Sent Events: `change` whenever a workspace's ledger moves
-  POST /w/<i>/approvals/<id>    Approve / Reject (token cookie + CSRF field + Origin + Host; not in --read-only)
+  POST /w/<i>/approvals/<id>    Approve / Reject (the token in the form + Origin + Host; not in --read-only)
 
 Reads run in worker threads (anyio.to_thread) so a slow ledger read never stalls the event loop, and each
 SSE client is its own task: one that stops reading only fills its own socket buffer. The loop itself runs
@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 from pathlib import Path
 from typing import AsyncIterator, Callable, Optional
 
@@ -27,7 +28,10 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from mcp_server.dashboard import actions, data, views
-from mcp_server.dashboard.auth import COOKIE, Guard
+from mcp_server.dashboard.auth import Guard
+from mcp_server.ledger.store import LedgerError
+from mcp_server.loop.errors import LoopError
+from mcp_server.loop.workspace import WorkspaceError
 
 log = logging.getLogger("loopwright.dashboard")
 STATIC = Path(__file__).parent / "static"
@@ -57,16 +61,7 @@ def create_app(sources: list[data.Source], guard: Guard, who: str,  # noqa: C901
         return HTMLResponse(body, status_code=status, headers=HEADERS)
 
     async def index(request: Request) -> Response:
-        token = request.query_params.get("token")
-        if token is not None:
-            if not guard.token_matches(token):
-                return html(views.message_page("wrong token", "That is not this dashboard's token: use the URL "
-                                               "`loopwright dashboard` printed at start.", "/"), 403)
-            r = RedirectResponse("/", status_code=303, headers=HEADERS)
-            r.set_cookie(COOKIE, guard.token, httponly=True, samesite="strict", path="/",
-                         secure=request.url.scheme == "https")
-            return r
-        if len(sources) == 1:
+        if len(sources) == 1:       # a redirect keeps the URL's #fragment (the token) for the page's script
             return RedirectResponse("/w/0/", status_code=303, headers=HEADERS)
         return html(views.index([await read(data.snapshot, s) for s in sources]))
 
@@ -74,9 +69,8 @@ def create_app(sources: list[data.Source], guard: Guard, who: str,  # noqa: C901
         snaps = [await read(data.snapshot, s) for s in sources]
         return JSONResponse({"parts": {"workspaces": views.index_table(snaps)}}, headers=HEADERS)
 
-    def parts(request: Request, snap: dict) -> dict[str, str]:
-        can_act = guard.has_token(request.cookies) and not guard.read_only
-        return views.fragments(snap, can_act, guard.csrf if can_act else "", guard.read_only)
+    def parts(request: Request, snap: dict) -> dict[str, str]:   # the same for every visitor: no secret in it
+        return views.fragments(snap, guard.read_only)
 
     async def workspace(request: Request) -> Response:
         src = source(request)
@@ -102,7 +96,7 @@ def create_app(sources: list[data.Source], guard: Guard, who: str,  # noqa: C901
         src = source(request)
         back = f"/w/{src.index}/"
         form = await request.form()
-        problem = guard.action_problem(request.headers, request.cookies, str(form.get("csrf", "")))
+        problem = guard.action_problem(request.headers, str(form.get("token", "")))
         if problem:
             log.warning("refused a decision on approval %s: %s", request.path_params["aid"], problem)
             return html(views.message_page("refused", problem, back), 403)
@@ -167,6 +161,8 @@ def create_app(sources: list[data.Source], guard: Guard, who: str,  # noqa: C901
                 return await endpoint(request)
             except (LookupError, ValueError) as e:
                 return html(views.message_page("not found", str(e), "/"), 404)
+            except (LedgerError, LoopError, WorkspaceError) as e:   # e.g. a ledger from a newer loopwright
+                return html(views.message_page("cannot show this workspace", str(e), "/"), 503)
         return wrapped
 
     async def no_slash(request: Request) -> Response:
@@ -185,6 +181,18 @@ def create_app(sources: list[data.Source], guard: Guard, who: str,  # noqa: C901
     return app
 
 
+def _check_port(host: str, port: int) -> None:
+    """Say plainly when the port is taken (uvicorn would log a bind error and exit)."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((host, port))
+    except OSError as e:
+        raise data.DashboardError(f"cannot listen on {host}:{port} ({e.strerror or e}): another program "
+                                  "(another dashboard?) uses it; pass --port N") from None
+
+
 def serve(roots: list[Path], host: str, port: int, allow_remote: bool, read_only: bool, who: str,
           on_start: Optional[Callable[[str], None]] = None) -> None:
     """`loopwright dashboard`: check the binding and the workspaces, print the URL with the token, serve."""
@@ -192,8 +200,10 @@ def serve(roots: list[Path], host: str, port: int, allow_remote: bool, read_only
 
     guard = Guard.for_binding(host, port, allow_remote, read_only)
     app = create_app(data.sources(roots), guard, who)
+    _check_port(host, port)
     shown = f"[{host}]" if ":" in host else host
     url = views.link_with_token(f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else shown}:{port}", guard.token)
     if on_start is not None:
         on_start(url)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    # open SSE streams never end by themselves: give them a moment at Ctrl-C, then close them
+    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2)

@@ -2,15 +2,18 @@
 
 - Binding: loopback only unless `--allow-remote` is given, and then only with a login password from the
   environment (LOOPWRIGHT_DASHBOARD_PASSWORD; HTTP Basic on every request). Never from a file or a flag.
-- Acting (every POST): the token printed at start, held by the browser as a SameSite=Strict, HttpOnly
-  cookie once the person opens the printed URL; plus a CSRF field derived from it in the form; plus an
-  Origin (or Referer) naming this server and a Host this server answers to (DNS rebinding).
+- Acting (every POST): the token printed at start, in the form (the page's script copies it there from the
+  browser's storage for this origin); an Origin (or Referer) naming this server; no cross-site
+  Sec-Fetch-Site; and a Host this server answers to (DNS rebinding).
+- The printed URL carries the token in its fragment (`/#token=...`), which browsers never send to a server.
+  The page keeps it in localStorage, which is private to this origin (scheme, host and port). It is never a
+  cookie: a browser sends cookies to every port of a host, so any other local web server (one an agent
+  started, say) would receive it.
 The token lives in this process's memory only: not on disk, not in the ledger, not in any agent's env.
 """
 from __future__ import annotations
 
 import base64
-import hashlib
 import hmac
 import ipaddress
 import os
@@ -20,7 +23,6 @@ from typing import Mapping, Optional
 from urllib.parse import urlsplit
 
 PASSWORD_ENV = "LOOPWRIGHT_DASHBOARD_PASSWORD"
-COOKIE = "loopwright_dashboard"
 
 
 class AuthError(ValueError):
@@ -59,16 +61,8 @@ class Guard:
                             "characters (it is read from the environment only, never stored)")
         return cls(host, port, read_only=read_only, password=password)
 
-    # -- the token and the form field derived from it -------------------------------------------
-    @property
-    def csrf(self) -> str:
-        return hmac.new(self.token.encode(), b"loopwright-dashboard-csrf", hashlib.sha256).hexdigest()
-
-    def has_token(self, cookies: Mapping[str, str]) -> bool:
-        return hmac.compare_digest(cookies.get(COOKIE, ""), self.token)
-
     def token_matches(self, given: str) -> bool:
-        return hmac.compare_digest(given or "", self.token)
+        return hmac.compare_digest((given or "").encode(), self.token.encode())
 
     # -- every request --------------------------------------------------------------------------
     def allowed_hosts(self) -> set[str]:
@@ -96,13 +90,10 @@ class Guard:
         return "log in (any user name, the password in $" + PASSWORD_ENV + ")"
 
     # -- state-changing requests ----------------------------------------------------------------
-    def action_problem(self, headers: Mapping[str, str], cookies: Mapping[str, str], form_csrf: str) -> Optional[str]:
-        """Why a POST is refused, or None. Checked in this order so the answer names the first missing thing."""
+    def action_problem(self, headers: Mapping[str, str], form_token: str) -> Optional[str]:
+        """Why a POST is refused, or None. Cross-site checks come first: a foreign page learns nothing else."""
         if self.read_only:
             return "this dashboard is read-only (started with --read-only); decide with `loopwright approve`"
-        if not self.has_token(cookies):
-            return ("no dashboard token: open the URL `loopwright dashboard` printed at start (it carries the "
-                    "token) in this browser, then try again")
         origin = headers.get("origin") or ""
         if not origin or origin == "null":
             ref = headers.get("referer") or ""
@@ -113,6 +104,10 @@ class Guard:
             return f"cross-site request refused: Origin {origin} is not this dashboard"
         if headers.get("sec-fetch-site") not in (None, "same-origin", "none"):
             return f"cross-site request refused (Sec-Fetch-Site: {headers.get('sec-fetch-site')})"
-        if not hmac.compare_digest(form_csrf or "", self.csrf):
-            return "the form's CSRF field is missing or wrong: reload the dashboard page and try again"
+        if not form_token:
+            return ("no dashboard token: open the URL `loopwright dashboard` printed at start (it carries the "
+                    "token) in this browser, then try again")
+        if not self.token_matches(form_token):
+            return ("wrong dashboard token (the dashboard was restarted?): open the URL it printed at start, "
+                    "then try again")
         return None

@@ -86,7 +86,7 @@ def _campaign(eng: Engine) -> Optional[dict]:
         return eng.ledger.campaign()
 
 
-def _state(eng: Engine, c: dict, budget, waiting: list[dict], running: int) -> str:
+def _state(budget, waiting: list[dict], running: int) -> str:
     if running:
         return "running"
     if budget.should_stop:
@@ -132,7 +132,7 @@ def snapshot(src: Source) -> dict:
                  "val_bpb": a["payload"].get("val_bpb"), "delta_vs_best": a["payload"].get("delta_vs_best"),
                  "created_at": a["created_at"], "expires_at": a["expires_at"], "decided_by": a["decided_by"]}
                 for a in waiting]
-        return {**base, "tag": c["tag"], "branch": c["branch"], "state": _state(eng, c, b, waiting, running),
+        return {**base, "tag": c["tag"], "branch": c["branch"], "state": _state(b, waiting, running),
                 "overview": overview, "points": points, "approvals": appr, "at": time.time()}
 
 

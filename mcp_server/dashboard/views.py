@@ -64,9 +64,9 @@ def workspace(snap: dict, fragments: dict[str, str], version: str) -> str:
                 refresh_url=f"/w/{snap['index']}/fragments", version=(snap["index"], version))
 
 
-def fragments(snap: dict, can_act: bool, csrf: str, read_only: bool) -> dict[str, str]:
+def fragments(snap: dict, read_only: bool) -> dict[str, str]:
     """The parts of the workspace page the live updates replace, each rendered whole."""
-    return {"overview": overview(snap), "chart": chart(snap), "approvals": approvals(snap, can_act, csrf, read_only),
+    return {"overview": overview(snap), "chart": chart(snap), "approvals": approvals(snap, read_only),
             "experiments": experiments(snap)}
 
 
@@ -154,7 +154,7 @@ def chart(s: dict) -> str:
     return head + "".join(parts)
 
 
-def approvals(s: dict, can_act: bool, csrf: str, read_only: bool) -> str:
+def approvals(s: dict, read_only: bool) -> str:
     rows = s.get("approvals", [])
     head = f"<h2>Waiting for a person <small>{len(rows)}</small></h2>"
     if not rows:
@@ -170,24 +170,29 @@ def approvals(s: dict, can_act: bool, csrf: str, read_only: bool) -> str:
             act = f"<span class=\"decided\">{h(a['status'])} by {h(a['decided_by'])}; applied when the loop is idle</span>"
         elif read_only:
             act = "<span class=\"note\">read-only dashboard: decide with <code>loopwright approve</code></span>"
-        elif not can_act:
-            act = ("<span class=\"note\">to decide here, open the URL <code>loopwright dashboard</code> printed "
-                   "(it carries the token)</span>")
-        else:
+        else:   # the page's script fills in the token (kept by this browser for this origin only)
             url = f"approvals/{a['id']}"
             act = (f"<form method=\"post\" action=\"{url}\" class=\"decide\">"
-                   f"<input type=\"hidden\" name=\"csrf\" value=\"{h(csrf)}\">"
+                   "<input type=\"hidden\" name=\"token\" value=\"\">"
                    "<input type=\"text\" name=\"note\" placeholder=\"note (a reject needs a reason)\" maxlength=\"500\">"
                    "<button name=\"decision\" value=\"approve\" class=\"approve\">Approve</button>"
                    "<button name=\"decision\" value=\"reject\" class=\"reject\">Reject</button></form>")
         out.append(f"<li id=\"approval-{a['id']}\"><div><b>#{a['id']}</b> {h(a['status'])}: {what}: "
                    f"<span class=\"desc\">{h(a['description'])}</span> <span class=\"mono\">{h(a['branch'])} "
                    f"{h((a['commit'] or '')[:10])}</span> <small>{h(expires)}</small></div>{act}</li>")
-    return head + f"<ul class=\"approvals\">{''.join(out)}</ul>"
+    hint = ("" if read_only else "<p class=\"note no-token\" hidden>This browser has no dashboard token: open the "
+            "URL <code>loopwright dashboard</code> printed at start to decide here.</p>")
+    return head + hint + f"<ul class=\"approvals\">{''.join(out)}</ul>"
+
+
+TABLE_ROWS = 1000    # the newest; the chart shows every experiment
 
 
 def experiments(s: dict) -> str:
-    pts = list(reversed(s.get("points", [])))
+    every = s.get("points", [])
+    pts = list(reversed(every))[:TABLE_ROWS]
+    more = (f"<p class=\"note\">The newest {TABLE_ROWS} of {len(every)} experiments (the filters search these); "
+            "`loopwright export-tsv` has them all.</p>" if len(every) > TABLE_ROWS else "")
     verdicts = sorted({p["verdict"] or p["status"] for p in pts})
     opts = "".join(f"<option value=\"{h(v)}\">{h(v)}</option>" for v in verdicts)
     rows = "".join(
@@ -200,7 +205,7 @@ def experiments(s: dict) -> str:
             f"</option>{opts}</select></label> <label>search <input id=\"f-text\" type=\"search\" "
             "placeholder=\"description, reason\"></label></div><table id=\"exp-table\"><thead><tr><th>#</th>"
             "<th>verdict</th><th>val_bpb</th><th>paired gain</th><th>runs</th><th>description</th><th>reason</th>"
-            f"</tr></thead><tbody>{rows}</tbody></table>")
+            f"</tr></thead><tbody>{rows}</tbody></table>{more}")
 
 
 def experiment(index_: int, d: dict) -> str:
@@ -244,4 +249,5 @@ def diff_html(diff: str) -> str:
 
 
 def link_with_token(base: str, token: str) -> str:
-    return f"{base}/?token={quote(token)}"
+    """The URL printed at start: the token in the fragment, which the browser keeps and never sends."""
+    return f"{base}/#token={quote(token)}"

@@ -5,6 +5,27 @@
   var body = document.body;
   var url = body.getAttribute("data-live");
   var dot = document.getElementById("live");
+  var KEY = "loopwright-dashboard-token";
+
+  // The printed URL carries the token in its #fragment (never sent to a server). Keep it in this origin's
+  // storage and take it out of the address bar and history.
+  var m = /(?:^#|&)token=([^&]+)/.exec(location.hash);
+  if (m) {
+    try { localStorage.setItem(KEY, decodeURIComponent(m[1])); } catch (e) { /* storage off: no decisions */ }
+    history.replaceState(null, "", location.pathname + location.search);
+  }
+  function token() {
+    try { return localStorage.getItem(KEY) || ""; } catch (e) { return ""; }
+  }
+  function showTokenHint() {
+    var hints = document.querySelectorAll(".no-token");
+    for (var i = 0; i < hints.length; i++) hints[i].hidden = !!token();
+  }
+  // a decision form carries the token; the server refuses one without it
+  document.addEventListener("submit", function (ev) {
+    var f = ev.target;
+    if (f && f.classList && f.classList.contains("decide") && f.elements.token) f.elements.token.value = token();
+  }, true);
 
   function setLive(state) {
     if (!dot) return;
@@ -70,6 +91,7 @@
             applyFilters();
           }
           if (id === "chart") wireTip();
+          if (id === "approvals") showTokenHint();
         });
         body.setAttribute("data-updated", String(Date.now()));
       })
@@ -79,6 +101,7 @@
 
   wireFilters();
   wireTip();
+  showTokenHint();
   if (!url || !window.EventSource) return;
   var es = new EventSource("/events");
   es.addEventListener("open", function () { setLive("on"); });
