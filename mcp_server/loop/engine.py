@@ -1027,7 +1027,8 @@ class Engine:
             nxt += (f" Detectable effect now: ~{mde:.4f} bits/byte (a keep needs a mean paired gain of {bar:.4f} "
                     f"on {noise.baseline_seeds} seeds); prefer changes you expect to gain at least that much.")
         return BudgetResult(**{**st.model_dump(), "reasons": reasons, "should_stop": should_stop},
-                            stop_requested=stop, sigma_paired=round(sd, 6), keep_threshold=round(bar, 6),
+                            stop_requested=stop, benchmark_version=self.ws.benchmark_version,
+                            sigma_paired=round(sd, 6), keep_threshold=round(bar, 6),
                             mde=round(mde, 6), runs_per_experiment=noise.baseline_seeds,
                             next_experiment_runs=runs, next_step=nxt)
 

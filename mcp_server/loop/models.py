@@ -127,6 +127,8 @@ class RevertResult(BaseModel):
 
 class BudgetResult(BudgetStatus):
     stop_requested: Optional[str] = None
+    benchmark_version: Optional[str] = Field(None, description="the benchmark's version in loopwright.lock (v1...): "
+                                             "its reference baseline never changes within a version")
     sigma_paired: Optional[float] = Field(None, description="SD of a paired difference, from this campaign")
     keep_threshold: Optional[float] = Field(None, description="mean paired gain needed for a keep")
     mde: Optional[float] = Field(None, description="smallest true gain kept with 80 % probability: changes "

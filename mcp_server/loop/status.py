@@ -65,7 +65,9 @@ def session_summary(root: Path | str) -> str:
     try:
         s = eng.summary()
         b = eng.budget()
-        lines = [f"loopwright campaign '{s.tag}' (branch {s.branch}). Read program.md; only train.py may be edited.",
+        version = f", benchmark {b.benchmark_version}" if b.benchmark_version else ""
+        lines = [f"loopwright campaign '{s.tag}' (branch {s.branch}{version}). Read program.md; only train.py may "
+                 "be edited.",
                  f"Best val_bpb: {s.best_val_bpb if s.best_val_bpb is not None else 'no baseline yet'} "
                  f"(baseline {s.baseline_val_bpb}); {s.experiments} experiments, {s.kept} kept, {s.crashed} failed.",
                  f"Budget: {b.experiments_left} experiments, {b.hours_left} h, ${b.cost_left_usd} left; "

@@ -159,7 +159,8 @@ def _print_status(s, b, rows) -> None:
     from mcp_server.loop.text import for_rich  # descriptions are agent-written: no raw markup or escapes
 
     con = Console()
-    con.print(f"[bold]campaign[/] {s.tag}  branch {s.branch}  pinned {s.pinned_commit}")
+    con.print(f"[bold]campaign[/] {s.tag}  branch {s.branch}  pinned {s.pinned_commit}  "
+              f"benchmark {b.benchmark_version or 'unversioned'}")
     best = "—" if s.best_val_bpb is None else f"{s.best_val_bpb:.4f}"
     base = "—" if s.baseline_val_bpb is None else f"{s.baseline_val_bpb:.4f}"
     con.print(f"[bold]best[/] {best} (commit {s.best_commit})   baseline {base}   "
