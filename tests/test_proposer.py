@@ -188,7 +188,7 @@ def test_run_builtin_over_stdio(tmp_path: Path, small_corpus):
                           timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "2 experiment(s)" in proc.stdout and "ran the 2 experiment(s) asked for" in proc.stdout
-    with Engine(ws.root, recover=False) as eng:
+    with Engine(ws.root) as eng:
         rows = eng.ledger.experiments(eng.campaign["id"])
         base = [r for r in rows if r["is_baseline"]]
         cand = [r for r in rows if not r["is_baseline"] and r["confirm_of"] is None]
@@ -327,7 +327,7 @@ async def test_agent_keeps_confirms_notes_and_stops(tmp_path, small_corpus, monk
     # LR up is kept, and the agent keeps going the same way (momentum)
     assert by_desc["LR 0.004 -> 0.008"].verdict == "keep"
     assert by_desc["LR 0.008 -> 0.016"].verdict == "keep"
-    with Engine(ws.root, recover=False) as eng:
+    with Engine(ws.root) as eng:
         c = eng.campaign
         rows = eng.ledger.experiments(c["id"])
         cands = [r for r in rows if not r["is_baseline"] and r["confirm_of"] is None]
@@ -373,10 +373,10 @@ async def test_a_candidate_that_starts_a_fresh_seed_set_is_costed_with_the_refer
         reason = await agent.run(3, _time.monotonic() + 3600)
     assert reason.startswith("session time budget: the next experiment"), reason
     assert [a.number for a in agent.attempts] == [1]
-    with Engine(ws.root, recover=False) as eng:
+    with Engine(ws.root) as eng:
         c = eng.campaign
         assert eng.next_experiment_runs(c) == 4 == eng.budget().next_experiment_runs   # 2 candidate + 2 reference
-    with Engine(ws.root, recover=False) as eng:   # no fresh set due: the candidate's two runs only
+    with Engine(ws.root) as eng:   # no fresh set due: the candidate's two runs only
         eng.ws.cfg.noise.rotate_every = 0
         assert eng.next_experiment_runs(eng.campaign) == 2
 
@@ -417,14 +417,14 @@ async def test_a_confirm_that_would_overrun_the_deadline_is_left_for_the_next_se
     assert att.description == "QK_NORM False -> True" and att.verdict == "retest"
     assert [k for k, _ in events].count("deferred") == 1
     assert not [d for k, d in events if k == "experiment_start" and d.get("category") == "confirm"]
-    with Engine(ws.root, recover=False) as eng:
+    with Engine(ws.root) as eng:
         assert eng.ledger.experiment(att.experiment_id)["verdict"] == "retest"
         assert not [r for r in eng.ledger.confirm_runs(att.experiment_id) if r["role"] == "confirm"]
     # the next session (no deadline) settles it first: confirm runs, then a final verdict
     a2, _, ev2 = await _agent_session(ws, _Scripted(["LR"]), n=1, mechanisms=False)
     first = next(d for k, d in ev2 if k == "experiment_start")
     assert first["description"] == f"confirm #{att.experiment_id}"
-    with Engine(ws.root, recover=False) as eng:
+    with Engine(ws.root) as eng:
         assert eng.ledger.experiment(att.experiment_id)["verdict"] == "discard"
         assert [r for r in eng.ledger.confirm_runs(att.experiment_id) if r["role"] == "confirm"]
 
@@ -439,7 +439,7 @@ async def test_agent_records_crashes_and_resumes(tmp_path, small_corpus, monkeyp
     assert set(by_desc) == {"D_MODEL 64 -> 128", "D_MODEL 64 -> 32"}   # both directions, in some order
     crash = by_desc["D_MODEL 64 -> 128"]
     assert crash.status == "crash" and crash.verdict == "discard"           # recorded, and the loop moved on
-    with Engine(ws.root, recover=False) as eng:
+    with Engine(ws.root) as eng:
         notes = eng.ledger.notes(eng.campaign["id"])
         assert any(n["kind"] == "dead_end" and "D_MODEL 64 -> 128" in n["text"] and n["experiment_id"]
                    == crash.experiment_id for n in notes)
@@ -490,7 +490,7 @@ async def test_an_active_mechanism_steers_the_agent_from_its_first_move(tmp_path
         (bench / name).write_bytes((BENCH / name).read_bytes())
     (bench / "train.py").write_text(TRAIN)
     ws = make_workspace(tmp_path / "ws", small_corpus, bench_dir=bench)
-    with Engine(ws.root, recover=False) as eng:
+    with Engine(ws.root) as eng:
         assert registry.propose(eng, "batch", STEER_BATCH, "test").valid
         registry.activate(eng, "batch", window=3)
     agent, _, events = await _agent_session(ws, Planner(0), n=3)

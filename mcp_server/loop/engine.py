@@ -59,22 +59,31 @@ __all__ = ["Engine", "LoopError", "Busy"]
 
 
 class Engine:
-    def __init__(self, root: Path | str | None = None, recover: bool = True, read_only: bool = False):
+    """One workspace's loop. Opening it changes nothing (hooks, reports and status views open it while a run
+    may be in flight); whatever writes opens it with `open_for_writing`, which recovers first."""
+
+    def __init__(self, root: Path | str | None = None, read_only: bool = False):
         self.ws = Workspace.find(root) if root is None else Workspace.open(root)
         self.ledger = self.ws.ledger()
         self.notices: list[str] = []
         if read_only:
-            # a viewer (the dashboard): it never takes the experiment lock nor writes, so a live loop is never
-            # held up by it; orphaned rows and the pin are the next writer's to recover and check
+            # a viewer (the dashboard) writes nothing, not even the tamper event of a pin check: the pin is the
+            # next writer's to check
             return
-        # Orphaned `running` rows (a CLI or server killed with -9) are recovered by every entry point:
-        # safe even with recover=False, since a live run holds the experiment lock and recover() skips then.
-        # So are candidates left waiting for a score that can never come (an interrupted seed run, also in rows
-        # of older versions) and an edit kept on disk by a run that was killed (recover() takes the lock first).
-        if recover or self.ledger.running_experiments() or self.ledger.interrupted_candidates() \
-                or (self.ws.state_dir / KEPT_EDIT).is_dir():
-            self.recover()
         self._check_pin_on_open()
+
+    @classmethod
+    def open_for_writing(cls, root: Path | str | None = None) -> "Engine":
+        """The engine for a caller that runs, scores, reverts or starts a session: what a killed process left
+        (orphaned `running` rows, candidates whose seed runs were interrupted, an edit kept on disk) is
+        recovered first. Safe while a run is live: recover() needs the experiment lock and skips without it."""
+        eng = cls(root)
+        try:
+            eng.recover()
+        except BaseException:
+            eng.close()
+            raise
+        return eng
 
     def close(self) -> None:
         self.ledger.close()
@@ -220,8 +229,7 @@ class Engine:
         running = self.ledger.running_experiments()
         inflight = {r["run_id"] for r in self.ledger.inflight()}
         if inflight:   # asynchronous runs belong to a driver: a dead one's are left in flight for the next
-            # driver (loop/asyncrun.py reconcile: finished ones recorded, the others re-queued). Every open of
-            # the workspace -- `loopwright status` and other read-only commands included -- passes here.
+            # driver (loop/asyncrun.py reconcile: finished ones recorded, the others re-queued).
             running = [r for r in running if r["id"] not in inflight]
         if not running and not self.ledger.interrupted_candidates() and not (self.ws.state_dir / KEPT_EDIT).is_dir():
             return []
@@ -311,7 +319,7 @@ class Engine:
     def _keep_edit(self, placed: dict[str, Optional[bytes]]) -> None:
         """Before the loop puts `placed` in the tree: the editable files as they are now go to the state dir
         (written whole, then renamed), with digests of what is placed. Put back by _put_back_kept_edit, in this
-        process or -- after a kill -- by the next open's recovery."""
+        process or -- after a kill -- by the next writer's recovery (open_for_writing)."""
         kept = self.ws.state_dir / KEPT_EDIT
         if kept.is_dir():   # left by a killed process whose recovery has not run yet
             self._put_back_kept_edit(after_kill=True)
@@ -487,7 +495,7 @@ class Engine:
     def _measure_baseline(self, c: dict, seeds: list[int], set_index: int, on_progress,
                           session_id) -> BaselineInfo:
         """Run the pinned train.py on the seed set; the agent's pending edit (if any) is put back afterwards
-        (it is kept in the state dir meanwhile, so that it survives a kill: the next open puts it back)."""
+        (it is kept in the state dir meanwhile, so that it survives a kill: the next writer puts it back)."""
         placed = self._files_at(c["best_commit"])
         self._keep_edit(placed)
         gitops.reset_to(self.ws.root, c["best_commit"])
