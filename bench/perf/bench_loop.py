@@ -90,7 +90,7 @@ def ledger_latency(tmp: Path) -> dict:
         times = []
         for _ in range(N_CALLS):
             t0 = time.perf_counter()
-            e = Engine(ws.root, recover=False)   # exactly what a tool call does
+            e = Engine(ws.root)   # exactly what a reading tool call does
             fn(e)
             e.close()
             times.append((time.perf_counter() - t0) * 1000)
