@@ -75,6 +75,8 @@ def campaign(tmp: Path, args, mechanisms: bool, repeat: int) -> dict:
                  # runs: baseline seeds, each candidate on the seed set, confirm pairs, seed-set re-measures
                  "budget": {"max_experiments": 3 * args.baseline_seeds + (args.baseline_seeds + 2) * args.n,
                             "max_hours": 10.0}}
+    if args.tiny:   # the baseline run and one candidate run, no confirm pair: a smoke run stays two runs long
+        overrides["budget"]["max_experiments"] = 2
     t0 = time.monotonic()
     init_workspace(root, tag=tag, corpus=args.corpus, time_budget=args.time_budget, overrides=overrides,
                    bench_dir=bench_copy(tmp / f"bench-{tag}", args.steps, args.batch, args.threads))

@@ -69,6 +69,8 @@ def campaign(tmp: Path, args, arm: str, repeat: int) -> dict:
                  # pairs, seed-set re-measures (a budget stop would end one arm's campaign early)
                  "budget": {"max_experiments": 3 * args.baseline_seeds + (args.baseline_seeds + 2) * args.n,
                             "max_hours": 10.0}}
+    if args.tiny:   # the baseline run and one candidate run, as in ablation_mechanisms.py
+        overrides["budget"]["max_experiments"] = 2
     t0 = time.monotonic()
     ws = init_workspace(root, tag=tag, corpus=args.corpus, time_budget=args.time_budget, overrides=overrides,
                         bench_dir=bench_copy(tmp / f"bench-{tag}", args.steps, args.batch, args.threads))

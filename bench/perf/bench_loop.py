@@ -18,6 +18,7 @@ Machines here are noisy: every figure is a median (or p95) from one run.
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -133,7 +134,9 @@ async def stdio_round_trip(tmp: Path, calls: int = N_CALLS, small: bool = False)
 
     corpus = tiny.tiny_corpus(tmp / "corpus2") if small else make_small_corpus(tmp / "corpus2")
     ws = make_workspace(tmp / "ws2", corpus)
-    params = StdioServerParameters(command=sys.executable,
+    # the server gets this process's environment: the SDK's default passes only a few variables, and the
+    # state directory is found through LOOPWRIGHT_HOME
+    params = StdioServerParameters(command=sys.executable, env=dict(os.environ),
                                    args=["-m", "mcp_server.cli", "serve", "--workspace", str(ws.root)])
     t0 = time.perf_counter()
     async with Client(params) as client:

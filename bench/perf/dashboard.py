@@ -81,7 +81,7 @@ def main() -> None:
     t_version = timed(src.version, 20)
     t_snapshot = timed(lambda: data.snapshot(src), 5)
     snap = data.snapshot(src)
-    t_render = timed(lambda: views.fragments(snap, True, "x" * 64, False), 5)
+    t_render = timed(lambda: views.fragments(snap, False), 5)
     base = write_latency(src.db_path, c["id"], a.writes)
 
     with socket.socket() as s:
