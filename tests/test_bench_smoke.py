@@ -121,11 +121,14 @@ def _run(script: str, root: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def smoke_runs(tmp_path_factory):
-    """Every script's --tiny run, AT_ONCE at a time, started when the first test asks."""
+def smoke_runs(request, tmp_path_factory):
+    """The --tiny run of every script whose test was selected, AT_ONCE at a time, started when the first
+    test asks."""
     root = tmp_path_factory.mktemp("bench-smoke")
+    selected = [item.callspec.params["script"] for item in request.session.items
+                if getattr(item, "callspec", None) and "script" in item.callspec.params]
     pool = ThreadPoolExecutor(AT_ONCE)
-    futures: dict[str, Future] = {s: pool.submit(_run, s, root) for s in SCRIPTS}
+    futures: dict[str, Future] = {s: pool.submit(_run, s, root) for s in SCRIPTS if s in selected}
     yield futures
     pool.shutdown(wait=True, cancel_futures=True)
 

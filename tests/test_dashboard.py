@@ -74,13 +74,20 @@ def approval(ws, aid: int = 1) -> dict:
 
 @pytest.fixture()
 def ws(tmp_path, small_corpus):
+    """A workspace of its own, for a test that decides or changes settings."""
     return build(tmp_path, small_corpus)
+
+
+@pytest.fixture(scope="module")
+def shared_ws(tmp_path_factory, small_corpus):
+    """One workspace for the tests that only look (or are refused): built once, never changed."""
+    return build(tmp_path_factory.mktemp("shared"), small_corpus, tag="t")
 
 
 # --------------------------------------------------------------------------- HTTP level
 
-def test_page_shows_the_campaign_and_escapes_agent_text(ws):
-    app, guard = make_app(ws)
+def test_page_shows_the_campaign_and_escapes_agent_text(shared_ws):
+    app, guard = make_app(shared_ws)
     with client(app) as cl:
         r = cl.get("/", follow_redirects=True)
         assert r.status_code == 200 and r.url.path == "/w/0/"
@@ -98,7 +105,7 @@ def test_page_shows_the_campaign_and_escapes_agent_text(ws):
         # the chart has one point per measured or failed candidate, each naming its experiment and verdict
         assert page.count('class="pt"') == 3 and "#3 discard" in page
         # the experiment page: paired runs with seeds, the verdict reason, the diff, the log tail, all escaped
-        with Engine(ws.root, read_only=True) as eng:
+        with Engine(shared_ws.root, read_only=True) as eng:
             bad = next(e for e in eng.ledger.experiments(eng.campaign["id"]) if e["description"] == HOSTILE)
             ref = eng.ledger.experiment(bad["paired_with"])
             brief = eng.ledger.experiments_brief(eng.campaign["id"])      # what the chart reads: no logs
@@ -186,17 +193,17 @@ def test_approve_goes_through_the_decision_code_and_moves_the_best(ws):
     assert "<td>2001</td><td>2.0000</td><td>1.8100</td><td>-0.1900</td>" in page
 
 
-def test_read_only_mode_changes_nothing(ws):
-    app, guard = make_app(ws, read_only=True)
+def test_read_only_mode_changes_nothing(shared_ws):
+    app, guard = make_app(shared_ws, read_only=True)
     with client(app) as cl:
         page = cl.get("/w/0/").text
         assert "<form" not in page and "read-only" in page
         r = post(cl, guard, decision="approve")
         assert r.status_code == 403 and "read-only" in r.text
-    assert approval(ws)["status"] == "pending"
+    assert approval(shared_ws)["status"] == "pending"
 
 
-def test_binding_beyond_loopback_needs_a_flag_and_a_login(ws):
+def test_binding_beyond_loopback_needs_a_flag_and_a_login(shared_ws):
     with pytest.raises(auth.AuthError, match="--allow-remote"):
         auth.Guard.for_binding("0.0.0.0", 8377, allow_remote=False, read_only=False, env={})
     with pytest.raises(auth.AuthError, match=auth.PASSWORD_ENV):
@@ -204,7 +211,7 @@ def test_binding_beyond_loopback_needs_a_flag_and_a_login(ws):
     assert auth.Guard.for_binding("::1", 8377, False, False, env={}).password is None
     guard = auth.Guard.for_binding("10.1.2.3", 8377, allow_remote=True, read_only=False,
                                    env={auth.PASSWORD_ENV: "a long enough password"})
-    app = appmod.create_app(data.sources([ws.root]), guard, who="ana")
+    app = appmod.create_app(data.sources([shared_ws.root]), guard, who="ana")
     with TestClient(app, base_url="http://10.1.2.3:8377") as cl:
         r = cl.get("/w/0/")
         assert r.status_code == 401 and "Basic" in r.headers["www-authenticate"]
@@ -214,24 +221,24 @@ def test_binding_beyond_loopback_needs_a_flag_and_a_login(ws):
         assert cl.get("/w/0/", headers={"Authorization": f"Basic {good}"}).status_code == 200
 
 
-def test_the_cli_refuses_bad_bindings_and_the_guard_refuses_the_agent(ws, capsys):
-    assert cli_main(["dashboard", "--workspace", str(ws.root), "--host", "0.0.0.0"]) == 2
+def test_the_cli_refuses_bad_bindings_and_the_guard_refuses_the_agent(shared_ws, capsys):
+    assert cli_main(["dashboard", "--workspace", str(shared_ws.root), "--host", "0.0.0.0"]) == 2
     assert "--allow-remote" in capsys.readouterr().err
-    assert cli_main(["dashboard", "--workspace", str(ws.root), "--all"]) == 2
-    assert cli_main(["dashboard", "--workspace", str(ws.root), "--port", "0"]) == 2
+    assert cli_main(["dashboard", "--workspace", str(shared_ws.root), "--all"]) == 2
+    assert cli_main(["dashboard", "--workspace", str(shared_ws.root), "--port", "0"]) == 2
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
         capsys.readouterr()
-        assert cli_main(["dashboard", "--workspace", str(ws.root), "--port", str(port)]) == 2
+        assert cli_main(["dashboard", "--workspace", str(shared_ws.root), "--port", str(port)]) == 2
         assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
     assert "dashboard" in HUMAN_COMMANDS
     from test_guard import decide, payload
 
     for cmd in ("loopwright dashboard", "loopwright dashboard --read-only --port 9000",
                 "python3 -m mcp_server.cli dashboard", "env bash -c 'loopwright dashboard'"):
-        d = decide(payload("claude", ws.root, "Bash", {"command": cmd}))
+        d = decide(payload("claude", shared_ws.root, "Bash", {"command": cmd}))
         assert not d.allow, cmd
 
 
@@ -299,25 +306,46 @@ def test_a_campaign_on_ray_shows_its_cluster_runs_in_flight_and_workers(ws):
     assert "<dt>in flight</dt><dd>1</dd>" in page and "<span class=\"state state-running\">running</span>" in page
 
 
-def test_all_lists_every_workspace(tmp_path, small_corpus, ws):
+def test_the_dashboard_never_recovers_or_locks(ws):
+    """A `running` row with no live run behind it: the dashboard (the engine opened read-only) shows it and
+    leaves it; the next writer (Engine.open_for_writing) is the one that recovers it."""
+    from mcp_server.common.locks import FileLock
+
+    with Engine(ws.root, read_only=True) as eng:
+        c = eng.campaign
+        orphan = eng.ledger.start_experiment(c["id"], "killed with -9", commit_sha=c["best_commit"],
+                                             parent_commit=c["best_commit"])
+    app, _ = make_app(ws)
+    held = FileLock(ws.state_dir / "server.lock").try_acquire()   # as a live run holds it
+    assert held is not None
+    with held:
+        with client(app) as cl:
+            assert "running" in cl.get("/w/0/").text
+    with Engine(ws.root, read_only=True) as eng:
+        assert eng.ledger.experiment(orphan)["status"] == "running"
+    with Engine.open_for_writing(ws.root) as eng:   # the next writer recovers it
+        assert eng.ledger.experiment(orphan)["status"] == "interrupted"
+
+
+def test_all_lists_every_workspace(tmp_path, small_corpus, shared_ws):
     other = make_workspace(tmp_path / "other", small_corpus, tag="u")
     roots = data.discover()
-    assert ws.root in roots and other.root in roots
-    app = appmod.create_app(data.sources([ws.root, other.root]), auth.Guard("127.0.0.1", 8377), who="ana")
+    assert shared_ws.root in roots and other.root in roots
+    app = appmod.create_app(data.sources([shared_ws.root, other.root]), auth.Guard("127.0.0.1", 8377), who="ana")
     with client(app) as cl:
         page = cl.get("/").text
         assert 'href="/w/0/"' in page and 'href="/w/1/"' in page and "no campaign" not in page
         assert 'data-live="/fragments"' in page and "data-index" not in page     # refreshes on any change
         assert cl.get("/w/1/").status_code == 200
         listed = cl.get("/fragments").json()["parts"]["workspaces"]
-        assert str(ws.root) in listed and str(other.root) in listed and "waiting" in listed
+        assert str(shared_ws.root) in listed and str(other.root) in listed and "waiting" in listed
     with pytest.raises(data.DashboardError, match="cannot show"):
         data.sources([tmp_path / "nowhere"])
 
 
 # --------------------------------------------------------------------------- a real server and a real browser
 
-def test_train_py_sandbox_cannot_reach_the_dashboard(ws, tmp_path):
+def test_train_py_sandbox_cannot_reach_the_dashboard(shared_ws, tmp_path):
     """train.py runs in bubblewrap without the host's network: the loopback dashboard is out of its reach."""
     import subprocess
     import sys
@@ -327,14 +355,15 @@ def test_train_py_sandbox_cannot_reach_the_dashboard(ws, tmp_path):
     if not sandbox.detect().available:
         pytest.skip("no OS sandbox here (bubblewrap); .ci/run installs it")
     port = free_port()
-    app, _ = make_app(ws, port=port)
+    app, _ = make_app(shared_ws, port=port)
     probe = tmp_path / "probe.py"
     probe.write_text("import socket, sys\ntry:\n    socket.create_connection(('127.0.0.1', int(sys.argv[1])), 3)\n"
                      "    print('reached')\nexcept OSError as e:\n    print('refused', type(e).__name__)\n")
     with serving(app, port):
         socket.create_connection(("127.0.0.1", port), 3).close()      # reachable from the host
-        cmd = sandbox.build_command([sys.executable, str(probe), str(port)], workspace=ws.root, hide=[ws.state_dir],
-                                    scratch=tmp_path / "scratch", ro_binds=[probe], cwd=ws.root)
+        cmd = sandbox.build_command([sys.executable, str(probe), str(port)], workspace=shared_ws.root,
+                                    hide=[shared_ws.state_dir], scratch=tmp_path / "scratch", ro_binds=[probe],
+                                    cwd=shared_ws.root)
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=60,
                            env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
     assert r.stdout.startswith("refused"), (r.stdout, r.stderr)

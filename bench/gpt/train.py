@@ -31,31 +31,52 @@ import prepare
 
 # ---------------------------------------------------------------------------
 # Hyperparameters. Top-level literals on purpose: tools edit them by parsing this file.
+# Benchmark v1 (bench/gpt/VERSION): these values are the reference baseline and never change within v1.
+# Each comment says where its value comes from: a well-known recipe (nanoGPT, GPT-2/GPT-3, autoresearch,
+# modded-nanogpt), or a paired screen on the 30 s CPU budget of 2 cores (BENCHMARKS.md, the section named).
+# Better configurations found by campaigns are records (bench/gpt/RECORDS.md), not edits here.
 
-DEPTH = 2               # transformer blocks (2 beat 3 on 5 of 5 and 1 on 4 of 5 paired seeds at 30 s of CPU)
-D_MODEL = 64            # residual width (64 beat 96 at every depth screened, BENCHMARKS.md "shape re-tuned")
-N_HEAD = 4              # attention heads (head dim = D_MODEL // N_HEAD)
-MLP_RATIO = 1           # MLP hidden = MLP_RATIO * D_MODEL (1 beat 2 and 4 on every paired seed at 30 s of CPU)
-BATCH_SIZE = 8          # sequences per step (tokens per step = BATCH_SIZE * prepare.SEQ_LEN)
-LR = 0.008              # AdamW peak learning rate (matrices when Muon is off, and everything else)
-EMBED_LR = 0.09         # AdamW learning rate of the embedding (0.01 -> 0.03 -> 0.09: screens, demos, replays)
-WEIGHT_DECAY = 0.0      # AdamW decoupled weight decay on the block matrices
-BETA1 = 0.9
-BETA2 = 0.95
+DEPTH = 2               # transformer blocks; GPT-2 small's 12 scaled down to the budget: 2 beat 3 on 5 of 5 and
+                        # 1 on 4 of 5 paired seeds at 30 s of CPU (BENCHMARKS.md "The shape re-tuned again")
+D_MODEL = 64            # residual width; GPT-2 small's 768 scaled down: 64 beat 96 at every depth screened
+                        # (BENCHMARKS.md "The shape re-tuned again")
+N_HEAD = 4              # attention heads, head dim 16 (= D_MODEL // N_HEAD); nanoGPT's small configs use 4-6 heads
+                        # at this width; not screened
+MLP_RATIO = 1           # MLP hidden = MLP_RATIO * D_MODEL; GPT-2's 4 cut to 1, which beat 2 and 4 on every
+                        # paired seed at 30 s of CPU (BENCHMARKS.md "The model's shape re-tuned")
+BATCH_SIZE = 8          # sequences per step (tokens per step = BATCH_SIZE * prepare.SEQ_LEN); best at equal tokens
+                        # on the CPU (commit c728e6f); autoresearch's large batches do not fit 30 s of CPU
+LR = 0.008              # AdamW peak learning rate (matrices when Muon is off, and everything else); nanoGPT's
+                        # small-model range (1e-3 .. 1e-2), best at equal tokens with BATCH_SIZE 8 (commit c728e6f)
+EMBED_LR = 0.09         # AdamW learning rate of the embedding (its own LR, as autoresearch gives embeddings their
+                        # own optimizer); 0.01 -> 0.03 -> 0.09 from screens, demos and replays (BENCHMARKS.md
+                        # "Five demos on the re-tuned baseline")
+WEIGHT_DECAY = 0.0      # AdamW decoupled weight decay on the block matrices; off for a 30 s run (nanoGPT uses
+                        # 0.1 over long runs); not screened
+BETA1 = 0.9             # AdamW beta1: the GPT-3 / nanoGPT value
+BETA2 = 0.95            # AdamW beta2: the GPT-3 / nanoGPT value (0.99 worse on 3 of 3 seeds, BENCHMARKS.md
+                        # "Paired screen")
 WARMUP_STEPS = 0        # linear LR warm-up (0 = none: at this budget no warm-up beat 3 steps on 3 of 3 paired
                         # seeds and 10 steps by 0.26 bpb, BENCHMARKS.md "Paired screen")
-WARMDOWN_FRAC = 0.2     # last fraction of the run decays the LR linearly to 0 (0.2 beat 0.4 on 10 of 10
-                        # paired seeds, BENCHMARKS.md "Noise: paired vs unpaired")
-GRAD_CLIP = 1.0         # max global grad norm (0 = off)
-LOGIT_SOFTCAP = 15.0    # logits = cap * tanh(logits / cap) (0 = off)
-QK_NORM = False         # RMS-normalise queries and keys (stabler at high LR; costs ~15 % speed on CPU)
-USE_MUON = False        # Muon for block matrices (slow on CPU; try it on a GPU)
-MUON_LR = 0.02
+WARMDOWN_FRAC = 0.2     # last fraction of the run decays the LR linearly to 0 (the trapezoid schedule of
+                        # modded-nanogpt / autoresearch; 0.2 beat 0.4 on 10 of 10 paired seeds, BENCHMARKS.md
+                        # "Noise: paired vs unpaired")
+GRAD_CLIP = 1.0         # max global grad norm (0 = off); nanoGPT's default (off was worse on 3 of 3 seeds,
+                        # BENCHMARKS.md "Paired screen")
+LOGIT_SOFTCAP = 15.0    # logits = cap * tanh(logits / cap) (0 = off); tanh soft-capping as in Gemma 2 (cap 30)
+                        # and modded-nanogpt; 30 and 0 were worse at an older shape (BENCHMARKS.md "Paired
+                        # screen"), 30 within the noise on today's ("Three demos on today's baseline")
+QK_NORM = False         # RMS-normalise queries and keys (autoresearch's default model has it; stabler at high LR;
+                        # costs ~15 % speed on CPU, so off here)
+USE_MUON = False        # Muon for block matrices (modded-nanogpt / autoresearch; slow on CPU; try it on a GPU)
+MUON_LR = 0.02          # Muon's learning rate when on: the order of magnitude Muon is used with in
+                        # modded-nanogpt; not screened here
 COMPILE_ON_CUDA = True  # torch.compile the training model on CUDA (unreliable on CPU, so never there)
 MAX_STEPS = 0           # 0 = train until the budget; > 0 = also stop after that many steps and
                         # schedule the LR by step count (reproducible runs on any clock)
-QUICK_EVAL_TOKENS = 8192  # held-out train tokens for the train_eval_bpb printed here (not the score)
-PRINT_EVERY_S = 1.0     # seconds between progress lines
+QUICK_EVAL_TOKENS = 8192  # held-out train tokens for the train_eval_bpb printed here (not the score); small so
+                          # it costs well under a second
+PRINT_EVERY_S = 1.0     # seconds between progress lines (a harness choice, not part of the recipe)
 
 
 # ---------------------------------------------------------------------------

@@ -121,7 +121,7 @@ def ledger_latency(tmp: Path, rows: int = N_LEDGER, calls: int = N_CALLS, small:
         times = []
         for _ in range(calls):
             t0 = time.perf_counter()
-            e = Engine(ws.root, recover=False)   # exactly what a tool call does
+            e = Engine(ws.root)   # exactly what a reading tool call does
             fn(e)
             e.close()
             times.append((time.perf_counter() - t0) * 1000)

@@ -27,6 +27,7 @@ from mcp_server.loop.workspace import (
     _inside,
     _make_private_dir,
     bench_source_dir,
+    bench_version,
     check_state_dir,
     data_hashes,
     lock_workspace_id,
@@ -88,6 +89,11 @@ def init_workspace(directory: Path | str, tag: str = "main", corpus: str = "stdl
     missing = [f for f in BENCH_FILES if not (src / f).is_file()]
     if missing:
         raise WorkspaceError(f"benchmark folder {src} lacks {', '.join(missing)}")
+    if root == src.resolve():
+        # keeps commit train.py in the workspace: here they would rewrite the reference baseline itself
+        raise WorkspaceError(f"{root} is the benchmark folder itself; its train.py is the reference baseline, "
+                             "which a campaign's keeps must never rewrite. Choose another directory")
+    bench_version(src)   # a malformed VERSION is refused before anything is created
     if corpus not in cfgmod.NAMED_CORPORA:
         if not Path(corpus).expanduser().exists():
             raise WorkspaceError(f"--corpus {corpus!r}: no such file or folder; use stdlib, tinystories, climbmix "
@@ -200,7 +206,7 @@ def _create_in(root: Path, state: Path, wid: str, src: Path, tag: str, corpus: s
     meta = prepare_data(root, ws.data_dir, corpus)
     lock = {"prepare.py": gitops.file_sha256(root / "prepare.py"), "config_frozen": cfg.frozen_hash(),
             "data": data_hashes(meta), "tokenizer": meta.get("tokenizer"), "corpus": meta.get("corpus"),
-            "workspace_id": wid}
+            "workspace_id": wid, "benchmark_version": bench_version(src)}
     _write(root / LOCK_NAME, json.dumps(lock, indent=2, sort_keys=True) + "\n")
 
     pinned = gitops.init_repo_and_pin(root, f"loopwright: pin evaluator and baseline ({tag})")

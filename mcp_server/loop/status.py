@@ -25,7 +25,7 @@ class LoopStatus(_LoopStatusRequired, total=False):
 
 def loop_status(root: Path | str) -> LoopStatus:
     """For the Stop hook: should the agent stop, and if not, what next."""
-    eng = Engine(root, recover=False)
+    eng = Engine(root)
     try:
         b = eng.budget()
         s = eng.summary()
@@ -61,11 +61,13 @@ def loop_status(root: Path | str) -> LoopStatus:
 
 def session_summary(root: Path | str) -> str:
     """For SessionStart: a short state summary so a new session resumes instead of restarting."""
-    eng = Engine(root, recover=False)
+    eng = Engine(root)
     try:
         s = eng.summary()
         b = eng.budget()
-        lines = [f"loopwright campaign '{s.tag}' (branch {s.branch}). Read program.md; only train.py may be edited.",
+        version = f", benchmark {b.benchmark_version}" if b.benchmark_version else ""
+        lines = [f"loopwright campaign '{s.tag}' (branch {s.branch}{version}). Read program.md; only train.py may "
+                 "be edited.",
                  f"Best val_bpb: {s.best_val_bpb if s.best_val_bpb is not None else 'no baseline yet'} "
                  f"(baseline {s.baseline_val_bpb}); {s.experiments} experiments, {s.kept} kept, {s.crashed} failed.",
                  f"Budget: {b.experiments_left} experiments, {b.hours_left} h, ${b.cost_left_usd} left; "

@@ -37,6 +37,10 @@ from mcp_server.loop import settings as setmod
 
 LOCK_NAME = "loopwright.lock"   # committed manifest of what decides the score
 BENCH_FILES = ("prepare.py", "train.py", "program.md")
+# A benchmark folder's VERSION names its reference baseline ("v1"): the bundled train.py never changes within
+# a version (a campaign's keeps live on its branch, records in bench/gpt/RECORDS.md); init writes it to the lock.
+BENCH_VERSION_NAME = "VERSION"
+_VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,31}$")
 ID_NAME = "workspace-id"          # in the workspace's .loopwright/: which state directory is ours
 RECORD_NAME = "workspace.json"    # in the state directory: which workspace it belongs to, the pinned commit
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
@@ -68,6 +72,28 @@ def bench_source_dir(name: str = "gpt") -> Path:
             return c
     raise WorkspaceError(f"bundled benchmark '{name}' not found (looked in {', '.join(map(str, candidates))}); "
                          "reinstall loopwright")
+
+
+def bench_version(src: Path) -> Optional[str]:
+    """The version a benchmark folder names in its VERSION file, None for a folder without one."""
+    path = Path(src) / BENCH_VERSION_NAME
+    if not path.is_file():
+        return None
+    text = path.read_text(encoding="utf-8", errors="replace").strip()
+    if not _VERSION_RE.match(text):
+        raise WorkspaceError(f"{path} must hold one version name such as v1 (letters, digits, . _ -), "
+                             f"not {text[:40]!r}; fix the file or remove it")
+    return text
+
+
+def lock_benchmark_version(root: Path) -> Optional[str]:
+    """The benchmark version committed in the workspace's loopwright.lock (None: made before versions, or
+    from a benchmark folder without a VERSION)."""
+    try:
+        v = json.loads((Path(root) / LOCK_NAME).read_text()).get("benchmark_version")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return v if isinstance(v, str) else None
 
 
 # ---------------------------------------------------------------------------
@@ -317,6 +343,11 @@ class Workspace:
     @property
     def tamper_dir(self) -> Path:
         return self._state_dir / "tamper"
+
+    @property
+    def benchmark_version(self) -> Optional[str]:
+        """The reference baseline's version, from the committed (frozen) loopwright.lock."""
+        return lock_benchmark_version(self.root)
 
     @property
     def db_path(self) -> Path:

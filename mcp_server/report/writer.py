@@ -63,6 +63,7 @@ class ReportData:
     mechanism_lines: list[str] = field(default_factory=list)   # mechanisms/report.py: the outer loop's section
     approval_lines: list[str] = field(default_factory=list)    # loop/approvals.py: what waited on a person
     executor_lines: list[str] = field(default_factory=list)    # executor_section: in flight, workers, lost runs
+    benchmark_version: Optional[str] = None   # loopwright.lock's: the reference baseline is fixed within it
 
     @property
     def n(self) -> int:
@@ -250,7 +251,9 @@ def step_outliers(data: ReportData, ratio: float = 1.5) -> list[Point]:
 
 def render_markdown(data: ReportData, plot_name: str = "progress.png", tsv_name: str = "results.tsv") -> str:
     L: list[str] = [f"# loopwright report — campaign `{data.tag}`", "",
-                    f"Generated {time.strftime('%Y-%m-%d %H:%M:%S %Z')}. ![progress]({plot_name})", ""]
+                    f"Generated {time.strftime('%Y-%m-%d %H:%M:%S %Z')}. ![progress]({plot_name})", "",
+                    f"Benchmark version: **{data.benchmark_version or 'unversioned'}** (its reference baseline "
+                    "never changes within a version; keeps stay on the campaign's branch).", ""]
     n_seeds = len(data.baseline)
     L += ["## Outcome", ""]
     if data.baseline_mean is None:
@@ -415,7 +418,7 @@ def write_report(workspace: Path | str | None = None) -> ReportFiles:
     from mcp_server.loop.engine import Engine
     from mcp_server.report.tsv import export_tsv
 
-    eng = Engine(workspace, recover=False)
+    eng = Engine(workspace)
     try:
         c = eng.campaign
         # read before the rows: every event up to here (a keep) is in the plot drawn from them
@@ -424,6 +427,7 @@ def write_report(workspace: Path | str | None = None) -> ReportFiles:
         # budget.check, not Engine.budget: a report must not record events (budget_spent) as a side effect
         status = budgetmod.check(eng.ledger, c["id"], eng.ws.cfg.budget, eng.best(c)[0])
         data = collect(rows, eng.ws.cfg, c["tag"], status.model_dump())
+        data.benchmark_version = eng.ws.benchmark_version
         from mcp_server.loop.replay import latest
         data.replay = latest(eng.ledger, c["id"])
         from mcp_server.mechanisms.report import section as mechanism_section
