@@ -41,7 +41,7 @@ def seed_baseline(root: Path, val_bpb: float = BASELINE_BPB) -> int:
     the budget per seed."""
     from mcp_server.loop.engine import Engine
 
-    with Engine(root, recover=False) as eng:
+    with Engine(root) as eng:
         _, seeds = eng.seed_set(eng.campaign)
         return record_baseline(eng, (val_bpb,) * len(seeds))[0]
 

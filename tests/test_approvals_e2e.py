@@ -99,7 +99,7 @@ def test_claude_code_keep_waits_the_agent_continues_and_the_cli_approves(tmp_pat
         assert OLD_LR in seen["read"] and NEW_LR not in seen["read"], seen["read"][:500]
     cand = experiments(root)[-1]
     assert cand["verdict"] == "pending_approval" and NEW_LR in git(root, "show", f"{cand['commit_sha']}:train.py")
-    with Engine(root, recover=False) as eng:
+    with Engine(root) as eng:
         assert eng.campaign["best_commit"] == pinned
     assert git(root, "rev-parse", "loopwright-pending/t/1").strip() == cand["commit_sha"]
 
@@ -108,7 +108,7 @@ def test_claude_code_keep_waits_the_agent_continues_and_the_cli_approves(tmp_pat
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "approval #1 approved by ana" in out.stdout and "#1: applied" in out.stdout
-    with Engine(root, recover=False) as eng:
+    with Engine(root) as eng:
         c = eng.campaign
         assert c["best_commit"] == cand["commit_sha"] == gitops.head_sha(root)
         assert eng.ledger.experiment(cand["id"])["verdict"] == "keep"

@@ -116,7 +116,7 @@ def decide(root: Path, aid: int, via: str) -> None:
     app = create_app(root, start_session=lambda detail: None,
                      env={"SLACK_SIGNING_SECRET": SLACK_SECRET, "LOOPWRIGHT_JIRA_SECRET": JIRA_SECRET})
     client = TestClient(app)
-    with Engine(root, recover=False) as eng:
+    with Engine(root) as eng:
         uid = ledger_uid(eng.ledger)
         eng.ledger.kv_set(f"jira.issue.RES.{eng.campaign['id']}", "RES-7")
     if via == "slack":
@@ -140,7 +140,7 @@ def decide(root: Path, aid: int, via: str) -> None:
 
 
 def runs_since(root: Path, after: int) -> list[dict]:
-    with Engine(root, recover=False) as eng:
+    with Engine(root) as eng:
         return [r for r in eng.ledger.experiments(eng.campaign["id"]) if r["id"] > after]
 
 
@@ -188,7 +188,7 @@ def test_an_approved_keep_remeasured_on_a_new_best_runs_and_keeps_the_approved_b
     rows = runs_since(root, last)
     assert_only_approved_ran(root, rows, merged)
     assert swaps >= 1, "the swapper never saw the approved bytes: the race was not run"
-    with Engine(root, recover=False) as eng:
+    with Engine(root) as eng:
         ap = eng.ledger.approval(2)
         assert ap["status"] == "applied", ap          # 50 -> a few bits/byte: a gain on any seed
         best = eng.campaign["best_commit"]
@@ -221,7 +221,7 @@ def test_an_approved_run_runs_the_approved_bytes(tmp_path, small_corpus, via):
     rows = runs_since(root, last)
     assert_only_approved_ran(root, rows, approved)
     assert swaps >= 1, "the swapper never saw the approved bytes: the race was not run"
-    with Engine(root, recover=False) as eng:
+    with Engine(root) as eng:
         assert eng.ledger.approval(1)["status"] == "ran"
         assert eng.ledger.events(kind="tamper") == []
 

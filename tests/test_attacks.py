@@ -173,7 +173,7 @@ def test_shell_plants_a_forged_ledger_where_the_old_one_was(eng, guarded):
     db.commit()
     db.close()
     try:
-        again = Engine(eng.ws.root, recover=False)
+        again = Engine(eng.ws.root)
         try:
             assert again.summary().kept == 0 and (again.best()[0] or 0) > 1.0
         finally:
@@ -211,7 +211,7 @@ def test_shell_raises_the_budget_in_loopwright_toml(eng, guarded):
     left = eng.budget().experiments_left
     try:
         toml.write_text(orig + "\n[budget]\nmax_experiments = 100000\nmax_hours = 10000.0\n")
-        fresh = Engine(eng.ws.root, recover=False)
+        fresh = Engine(eng.ws.root)
         try:
             assert fresh.budget().experiments_left == left
             assert any("loopwright config set" in w for w in fresh.ws.warnings)
@@ -257,7 +257,7 @@ def test_shell_points_the_id_at_a_forged_state_directory(eng, guarded):
     try:
         id_file.write_text("forged-0000\n")
         with pytest.raises(StateDirError, match="loopwright.lock"):
-            Engine(eng.ws.root, recover=False)
+            Engine(eng.ws.root)
     finally:
         id_file.write_text(good)
         shutil.rmtree(forged)
@@ -437,7 +437,7 @@ for db in cands:
         if "WROTE" in log:
             assert res.status == "rejected" and tampers(eng) > n
             with pytest.raises(LoopError, match="pinned commit"):
-                Engine(eng.ws.root, recover=False)
+                Engine(eng.ws.root)
     finally:
         if "WROTE" in locals().get("log", ""):
             eng.ledger.close()

@@ -52,12 +52,12 @@ def test_stop_ends_the_campaign_in_slack_and_jira(fakes, tmp_path, small_corpus,
 def test_stop_during_a_run_ends_the_campaign_after_it(fakes, tmp_path, small_corpus, capsys):
     slack, jira = fakes
     ws = make_workspace(tmp_path / "ws", small_corpus, **connectors(slack, jira))
-    with Engine(ws.root, recover=False) as eng:
+    with Engine(ws.root) as eng:
         run = eng.ledger.start_experiment(eng.campaign["id"], "in flight")    # status running
     with FileLock(ws.state_dir / "server.lock").try_acquire():              # held by the live run
         assert cli_main(["stop", "-w", str(ws.root)]) == 0
     assert "a run is in flight" in capsys.readouterr().out
-    with Engine(ws.root, recover=False) as eng:
+    with Engine(ws.root) as eng:
         assert not eng.ledger.events(kind="campaign_end")
         eng.ledger.update_experiment(run, status="crash")
         assert eng.end_if_spent()                          # what the run's end (or budget_check) does
@@ -80,7 +80,7 @@ def test_the_keep_that_spends_the_budget_goes_first_with_its_plot(fakes, tmp_pat
     root = fast_workspace(tmp_path, small_corpus, max_experiments=2, **connectors(slack, jira))
     seed_baseline(root, val_bpb=30.0)                     # one run of the budget; any trained model beats it
     set_constant(root / "train.py", "LR", "0.004")
-    with Engine(root, recover=False) as eng:
+    with Engine(root) as eng:
         res = eng.run_experiment("LR 0.0002 -> 0.004", "a higher LR learns faster")
         assert res.status == "ok" and eng.budget().should_stop
         assert not eng.ledger.events(kind="budget_spent")           # the end waits for the verdict
@@ -105,7 +105,7 @@ def test_a_stop_requested_elsewhere_ends_the_campaign_at_the_agents_budget_check
     """The webhook's /loopwright stop only records the request: the agent's next budget_check ends it."""
     slack, jira = fakes
     ws = make_workspace(tmp_path / "ws", small_corpus, **connectors(slack, jira))
-    with Engine(ws.root, recover=False) as eng:
+    with Engine(ws.root) as eng:
         eng.ledger.request_stop("from Slack")
         assert eng.budget_check().should_stop
         assert [e["kind"] for e in eng.ledger.events()][-2:] == ["budget_spent", "campaign_end"]

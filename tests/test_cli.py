@@ -93,9 +93,9 @@ def test_stop_and_clear_through_the_engine(tmp_path, small_corpus):
     ws = make_workspace(tmp_path / "ws", small_corpus)
     assert cli_main(["stop", "--reason", "lunch", "-w", str(ws.root)]) == 0
     from mcp_server.loop.engine import Engine
-    with Engine(ws.root, recover=False) as eng:
+    with Engine(ws.root) as eng:
         b = eng.budget()
         assert b.should_stop and b.stop_requested == "lunch" and "stop requested: lunch" in b.reasons
     assert cli_main(["stop", "--clear", "-w", str(ws.root)]) == 0
-    with Engine(ws.root, recover=False) as eng:
+    with Engine(ws.root) as eng:
         assert eng.budget().stop_requested is None

@@ -110,6 +110,8 @@ def test_ledger_wal_and_migrations(tmp_path):
     raw.execute("DROP TABLE inflight")
     raw.execute("DROP TABLE seed_set_seeds")                         # undo migration 13 (seed sets)
     raw.execute("DROP TABLE seed_sets")
+    for col in ("change_name", "change_old", "change_new"):           # undo migration 14 (structured changes)
+        raw.execute(f"ALTER TABLE experiments DROP COLUMN {col}")
     raw.execute("PRAGMA user_version = 1")
     raw.commit()
     raw.close()

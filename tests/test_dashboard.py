@@ -308,7 +308,7 @@ def test_a_campaign_on_ray_shows_its_cluster_runs_in_flight_and_workers(ws):
 
 def test_the_dashboard_never_recovers_or_locks(ws):
     """A `running` row with no live run behind it: the dashboard (the engine opened read-only) shows it and
-    leaves it; the next writer (any ordinary open of the engine) is the one that recovers it."""
+    leaves it; the next writer (Engine.open_for_writing) is the one that recovers it."""
     from mcp_server.common.locks import FileLock
 
     with Engine(ws.root, read_only=True) as eng:
@@ -323,7 +323,7 @@ def test_the_dashboard_never_recovers_or_locks(ws):
             assert "running" in cl.get("/w/0/").text
     with Engine(ws.root, read_only=True) as eng:
         assert eng.ledger.experiment(orphan)["status"] == "running"
-    with Engine(ws.root, recover=False) as eng:
+    with Engine.open_for_writing(ws.root) as eng:   # the next writer recovers it
         assert eng.ledger.experiment(orphan)["status"] == "interrupted"
 
 

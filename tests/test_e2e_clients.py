@@ -62,7 +62,7 @@ def _check_ledger_after_one_candidate(root: Path, verdict: str) -> dict:
 def _budget_spent(root: Path) -> bool:
     from mcp_server.loop.engine import Engine
 
-    eng = Engine(root, recover=False)
+    eng = Engine(root)
     try:
         return eng.budget().should_stop
     finally:

@@ -99,11 +99,50 @@ def test_a_campaign_stuck_by_an_older_version_recovers_on_open(ws):
     # the Stop hook and SessionStart open the workspace without recovery: they must not ask for an impossible score
     assert "not scored yet" not in loop_status(ws.root)["next_step"]
     assert "Pending: score" not in session_summary(ws.root)
-    with Engine(ws.root, recover=False) as eng:
+    with Engine(ws.root) as eng:                            # reading changes nothing
+        assert eng.ledger.experiment(cand)["verdict"] is None
+    with Engine.open_for_writing(ws.root) as eng:           # the next writer closes it
         row = eng.ledger.experiment(cand)
         assert row["verdict"] == "discard" and row["verdict_reason"].startswith("interrupted: ")
         assert row["val_bpb"] == 1.9
         assert eng.summary().pending_score == []
+
+
+def test_opening_to_read_changes_nothing_and_the_next_writer_recovers(ws):
+    """A run orphaned by a killed server (its training still alive, the branch at its candidate commit, an edit
+    kept aside): the hooks, the report and status views open the workspace and must not kill, reset or rewrite."""
+    eng = Engine(ws.root)
+    record_baseline(eng)
+    c = eng.campaign
+    train = ws.root / "train.py"
+    set_constant(train, "LR", "0.005")
+    sha, _ = gitops.commit_editable(ws.root, ["train.py"], ".loopwright", "candidate")
+    eid = eng.ledger.start_experiment(c["id"], "LR 0.005", commit_sha=sha, parent_commit=c["best_commit"],
+                                      role="candidate")
+    eng._keep_edit({"train.py": train.read_bytes()})      # as a run does before it places another version
+    eng.close()
+    ws.run_dir(eid).mkdir(parents=True)
+    child = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    (ws.run_dir(eid) / "train.pid").write_text(str(child.pid))
+    tree = train.read_bytes()
+    try:
+        for _ in range(2):
+            with Engine(ws.root) as eng:
+                eng.summary(), eng.budget(), eng.state("history")
+                assert eng.ledger.experiment(eid)["status"] == "running" and not eng.notices
+            loop_status(ws.root), session_summary(ws.root)
+            assert child.poll() is None                                    # not killed
+            assert gitops.head_sha(ws.root) == sha and train.read_bytes() == tree   # no reset, no rewrite
+            assert (ws.state_dir / "kept-edit").is_dir()
+        with Engine.open_for_writing(ws.root) as eng:
+            child.wait(timeout=10)                                         # killed
+            row = eng.ledger.experiment(eid)
+            assert row["status"] == "interrupted" and "stopped during" in row["reason"]
+            assert gitops.head_sha(ws.root) == c["best_commit"]            # the branch back at the best
+            assert not (ws.state_dir / "kept-edit").exists()
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
 
 
 def test_an_edit_made_while_the_baseline_runs_is_kept_as_a_backup(ws, monkeypatch):
@@ -168,7 +207,10 @@ def test_a_baseline_killed_with_sigkill_loses_no_edit(ws, tmp_path):
     proc.communicate(timeout=30)
     assert proc.returncode == -signal.SIGKILL
     assert train.read_text() != edit                       # the baseline had reset it to the pinned version
-    with Engine(ws.root, recover=False) as eng:            # any open puts it back, and says so
+    with Engine(ws.root) as eng:                           # reading leaves everything as the kill left it
+        assert train.read_text() != edit and (ws.state_dir / "kept-edit").is_dir()
+        assert eng.ledger.experiment(1)["status"] == "running" and not eng.notices
+    with Engine.open_for_writing(ws.root) as eng:          # the next writer puts it back, and says so
         assert train.read_text() == edit
         assert any("put back" in n for n in eng.notices)
         assert eng.ledger.experiment(1)["status"] == "interrupted"
@@ -190,7 +232,7 @@ def test_a_signal_to_run_experiment_is_an_interruption_with_a_message(ws, tmp_pa
     assert "interrupted: the baseline measurement stopped" in err, err
     assert "nothing was scored" in err and "does not count against the experiment budget" in err, err
     assert train.read_text() == edit, "the edit must be put back"
-    with Engine(ws.root, recover=False) as eng:
+    with Engine(ws.root) as eng:
         row = eng.ledger.experiment(1)
         assert row["status"] == "interrupted" and "crash" not in (row["reason"] or "")
         assert not eng.ledger.events(eng.campaign["id"], kind="crash")

@@ -179,7 +179,7 @@ def test_kill_9_mid_experiment_marks_it_interrupted(tmp_path, small_corpus):
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-    eng = Engine(ws.root)   # a restart recovers
+    eng = Engine.open_for_writing(ws.root)   # a restarted writer recovers
     row = eng.ledger.experiment(1)
     assert row["status"] == "interrupted" and "stopped during" in row["reason"]
     assert not gitops.is_dirty(ws.root)

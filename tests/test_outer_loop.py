@@ -126,7 +126,7 @@ def ws(tmp_path, small_corpus):
 
 def _engine(ws):
     from mcp_server.loop.engine import Engine
-    return Engine(ws.root, recover=False)
+    return Engine(ws.root)
 
 
 def add_rows(ws, pattern: str, start_val: float | None = None, hours: float = 0.05) -> None:

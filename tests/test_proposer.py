@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mcp_server.agents.builtin import Planner, divisibility_constraints, moves, parse_description, satisfies, set_constant
+from mcp_server.agents.builtin import Planner, divisibility_constraints, moves, satisfies, set_constant
 from mcp_server.mechanisms.source import constant_values, tunable_constants
 
 from conftest import BENCH, REPO, hobbled_bench, make_workspace
@@ -168,11 +168,10 @@ def test_planner_exhausts_a_tiny_space():
     assert sorted(got) == ["FLAG False -> True", "N 1 -> 2"]
 
 
-def test_parse_description():
-    assert parse_description("LR 0.004 -> 0.008") == ("LR", 0.004, 0.008)
-    assert parse_description("GRAD_CLIP 1.0 -> 0.0 (off)") == ("GRAD_CLIP", 1.0, 0.0)
-    assert parse_description("QK_NORM False -> True") == ("QK_NORM", False, True)
-    assert parse_description("try a wider model") is None
+def test_an_edit_is_its_structured_change_and_a_change_replays_into_the_planner():
+    edit = Planner(0, expert=()).propose(TRAIN, preferred=["LR"])
+    assert edit is not None and edit.change() == {"name": edit.name, "old": edit.old, "new": edit.new}
+    assert edit.description.startswith(f"{edit.name} ")        # the prose is for people; nothing reads it back
     p = Planner(0)
     p.observe("LR", 0.004, 0.008, "discard")
     assert "up" in p.params["LR"].failed
@@ -189,14 +188,14 @@ def test_run_builtin_over_stdio(tmp_path: Path, small_corpus):
                           timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "2 experiment(s)" in proc.stdout and "ran the 2 experiment(s) asked for" in proc.stdout
-    with Engine(ws.root, recover=False) as eng:
+    with Engine(ws.root) as eng:
         rows = eng.ledger.experiments(eng.campaign["id"])
         base = [r for r in rows if r["is_baseline"]]
         cand = [r for r in rows if not r["is_baseline"] and r["confirm_of"] is None]
         assert len(base) == 2 and all(r["status"] == "ok" for r in base)
         assert len(cand) == 2
         for r in cand:
-            assert parse_description(r["description"]) is not None, r["description"]
+            assert r["change"] and r["description"].startswith(r["change"]["name"] + " "), r
             assert r["verdict"] in ("keep", "discard"), r   # scored (retests were confirmed)
             assert r["hypothesis"]
         # the file on disk is the best version, committed
@@ -328,7 +327,7 @@ async def test_agent_keeps_confirms_notes_and_stops(tmp_path, small_corpus, monk
     # LR up is kept, and the agent keeps going the same way (momentum)
     assert by_desc["LR 0.004 -> 0.008"].verdict == "keep"
     assert by_desc["LR 0.008 -> 0.016"].verdict == "keep"
-    with Engine(ws.root, recover=False) as eng:
+    with Engine(ws.root) as eng:
         c = eng.campaign
         rows = eng.ledger.experiments(c["id"])
         cands = [r for r in rows if not r["is_baseline"] and r["confirm_of"] is None]
@@ -374,10 +373,10 @@ async def test_a_candidate_that_starts_a_fresh_seed_set_is_costed_with_the_refer
         reason = await agent.run(3, _time.monotonic() + 3600)
     assert reason.startswith("session time budget: the next experiment"), reason
     assert [a.number for a in agent.attempts] == [1]
-    with Engine(ws.root, recover=False) as eng:
+    with Engine(ws.root) as eng:
         c = eng.campaign
         assert eng.next_experiment_runs(c) == 4 == eng.budget().next_experiment_runs   # 2 candidate + 2 reference
-    with Engine(ws.root, recover=False) as eng:   # no fresh set due: the candidate's two runs only
+    with Engine(ws.root) as eng:   # no fresh set due: the candidate's two runs only
         eng.ws.cfg.noise.rotate_every = 0
         assert eng.next_experiment_runs(eng.campaign) == 2
 
@@ -418,14 +417,14 @@ async def test_a_confirm_that_would_overrun_the_deadline_is_left_for_the_next_se
     assert att.description == "QK_NORM False -> True" and att.verdict == "retest"
     assert [k for k, _ in events].count("deferred") == 1
     assert not [d for k, d in events if k == "experiment_start" and d.get("category") == "confirm"]
-    with Engine(ws.root, recover=False) as eng:
+    with Engine(ws.root) as eng:
         assert eng.ledger.experiment(att.experiment_id)["verdict"] == "retest"
         assert not [r for r in eng.ledger.confirm_runs(att.experiment_id) if r["role"] == "confirm"]
     # the next session (no deadline) settles it first: confirm runs, then a final verdict
     a2, _, ev2 = await _agent_session(ws, _Scripted(["LR"]), n=1, mechanisms=False)
     first = next(d for k, d in ev2 if k == "experiment_start")
     assert first["description"] == f"confirm #{att.experiment_id}"
-    with Engine(ws.root, recover=False) as eng:
+    with Engine(ws.root) as eng:
         assert eng.ledger.experiment(att.experiment_id)["verdict"] == "discard"
         assert [r for r in eng.ledger.confirm_runs(att.experiment_id) if r["role"] == "confirm"]
 
@@ -440,14 +439,22 @@ async def test_agent_records_crashes_and_resumes(tmp_path, small_corpus, monkeyp
     assert set(by_desc) == {"D_MODEL 64 -> 128", "D_MODEL 64 -> 32"}   # both directions, in some order
     crash = by_desc["D_MODEL 64 -> 128"]
     assert crash.status == "crash" and crash.verdict == "discard"           # recorded, and the loop moved on
-    with Engine(ws.root, recover=False) as eng:
+    with Engine(ws.root) as eng:
         notes = eng.ledger.notes(eng.campaign["id"])
         assert any(n["kind"] == "dead_end" and "D_MODEL 64 -> 128" in n["text"] and n["experiment_id"]
                    == crash.experiment_id for n in notes)
+        # the structured change is on record; the description is free text (rewritten here: the next session
+        # must rebuild its plan from the change, not from the prose)
+        cands = eng.ledger.candidates(eng.campaign["id"])
+        assert sorted((r["change"]["old"], r["change"]["new"]) for r in cands) == [(64, 32), (64, 128)]
+        assert all(r["change"]["name"] == "D_MODEL" for r in cands)
+        for r in cands:
+            eng.ledger.update_experiment(r["id"], description=f"an experiment #{r['id']}")
     # a new session replays the history: both x2 steps failed, so it tries a smaller step, not a repeat
-    a2, _, _ = await _agent_session(ws, _Scripted(["D_MODEL"], seed=3), n=1, mechanisms=False)
+    a2, _, events2 = await _agent_session(ws, _Scripted(["D_MODEL"], seed=3), n=1, mechanisms=False)
     assert a2.attempts[0].description.startswith("D_MODEL 64 -> ")
     assert a2.attempts[0].description not in by_desc
+    assert not [d for kind, d in events2 if kind == "skip"]     # it knew; the server did not have to refuse a repeat
 
 
 async def test_agent_stops_on_budget_and_deadline(tmp_path, small_corpus, monkeypatch):
@@ -483,7 +490,7 @@ async def test_an_active_mechanism_steers_the_agent_from_its_first_move(tmp_path
         (bench / name).write_bytes((BENCH / name).read_bytes())
     (bench / "train.py").write_text(TRAIN)
     ws = make_workspace(tmp_path / "ws", small_corpus, bench_dir=bench)
-    with Engine(ws.root, recover=False) as eng:
+    with Engine(ws.root) as eng:
         assert registry.propose(eng, "batch", STEER_BATCH, "test").valid
         registry.activate(eng, "batch", window=3)
     agent, _, events = await _agent_session(ws, Planner(0), n=3)

@@ -308,7 +308,7 @@ def test_status_shows_agent_text_cleaned_and_escaped(ws):
     assert "[bold red]FAKE KEEP[/]" in r.stdout
 
 
-def test_kill_9_orphan_is_recovered_by_any_cli_command(ws_factory):
+def test_kill_9_orphan_is_left_by_reading_commands_and_recovered_by_the_next_writing_one(ws_factory):
     ws = ws_factory("orphan")
     with Engine(ws.root) as eng:
         c = eng.campaign
@@ -317,12 +317,22 @@ def test_kill_9_orphan_is_recovered_by_any_cli_command(ws_factory):
     run_dir.mkdir(parents=True)
     child = subprocess.Popen(["sleep", "300"], start_new_session=True)   # the train.py a killed CLI left
     (run_dir / "train.pid").write_text(str(child.pid))
+    train = ws.root / "train.py"
+    tree = train.read_text() + "\n# the tree as the killed run left it\n"
+    train.write_text(tree)
     try:
-        r = cli("budget", "-w", str(ws.root))
+        for reading in (["budget"], ["status"], ["export-tsv"]):   # no kill, no git reset, no row changed
+            r = cli(*reading, "-w", str(ws.root))
+            assert r.returncode == 0, r.stderr
+            assert alive(child.pid) and train.read_text() == tree
+            with Engine(ws.root) as eng:
+                assert eng.ledger.experiment(eid)["status"] == "running"
+        r = cli("stop", "--clear", "-w", str(ws.root))   # a writing command recovers first
         assert r.returncode == 0, r.stderr
         child.wait(timeout=10)
         assert not alive(child.pid)
-        with Engine(ws.root, recover=False) as eng:
+        assert train.read_text() != tree and not gitops.is_dirty(ws.root)
+        with Engine(ws.root) as eng:
             assert eng.ledger.experiment(eid)["status"] == "interrupted"
     finally:
         if child.poll() is None:

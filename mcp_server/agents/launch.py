@@ -456,7 +456,7 @@ def launch_session(root: Path | str, agent: str, trigger: str = "manual", detail
         raise LaunchError(f"max_session_minutes must be positive (got {max_session_minutes})")
     limit_s = minutes * 60.0
     ws = Workspace.open(root)
-    eng = Engine(ws.root, recover=False)
+    eng = Engine.open_for_writing(ws.root)   # a session writes: what a killed run left is recovered first
     try:
         campaign = eng.campaign
         budget = eng.budget(campaign)

@@ -5,11 +5,14 @@ import argparse
 import sys
 
 
-def open_engine(args: argparse.Namespace):
-    """The engine on the command's workspace (no crash recovery: a command must not disturb a running loop)."""
+def open_engine(args: argparse.Namespace, write: bool = False):
+    """The engine on the command's workspace. A reading command changes nothing (it must not disturb a
+    running loop); a writing one (write=True: it runs, scores, reverts or stops) first recovers what a
+    killed run left."""
     from mcp_server.loop.engine import Engine
 
-    return Engine(getattr(args, "workspace", None), recover=False)
+    root = getattr(args, "workspace", None)
+    return Engine.open_for_writing(root) if write else Engine(root)
 
 
 def deliver_events(root, wait_s: float = 60.0) -> None:

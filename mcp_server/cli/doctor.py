@@ -49,7 +49,7 @@ def _workspace_checks(start: Optional[str]) -> tuple[list[Check], Optional[Path]
                                                  else ": held-out text out of train.py's reach"),
                      hint=PUBLIC_CORPUS_NOTE if corpus_is_public(corpus) else ""))
     try:
-        eng = Engine(ws.root, recover=False)
+        eng = Engine(ws.root)
     except Exception as e:  # noqa: BLE001
         return out + [Check(False, f"ledger: {e}", "restore .loopwright/state.db from a backup or re-init")], ws.root
     try:

@@ -24,7 +24,7 @@ def mechanisms(args) -> int:
     from mcp_server.loop.engine import Engine
     from mcp_server.mechanisms import registry, trial
 
-    with Engine(args.workspace, recover=False) as eng:
+    with Engine(args.workspace) as eng:
         try:
             if args.action == "list":
                 trial.tick(eng)

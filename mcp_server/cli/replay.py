@@ -22,7 +22,7 @@ def replay(args) -> int:
     if args.seeds < 1:
         print("loopwright replay: --seeds must be at least 1", file=sys.stderr)
         return 2
-    with Engine(args.workspace, recover=False) as eng:
+    with Engine.open_for_writing(args.workspace) as eng:   # it runs training
         try:
             res = run_replay(eng, seeds=args.seeds, on_run=None if args.json else
                              (lambda s: print(s, file=sys.stderr, flush=True)))

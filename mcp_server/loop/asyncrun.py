@@ -40,7 +40,7 @@ from mcp_server.executors.workcopy import sha256_of
 from mcp_server.loop import gitops, integrity, sandbox, verdict
 from mcp_server.loop import text as textmod
 from mcp_server.loop.errors import LoopError
-from mcp_server.loop.models import AsyncResult, SubmitResult, WaitResult
+from mcp_server.loop.models import AsyncResult, Change, SubmitResult, WaitResult
 from mcp_server.loop.workspace import sinks_for
 
 if TYPE_CHECKING:
@@ -242,7 +242,8 @@ def _start_reference(eng: "Engine", c: dict, seed: int, set_index: Optional[int]
 
 
 def _plan_candidate(eng: "Engine", drv: Optional[Driver], c: dict, commit: str, description: str,
-                    hypothesis: Optional[str], source_sha: str, session_id) -> tuple[int, list[int], list[int], list[int]]:
+                    hypothesis: Optional[str], source_sha: str, session_id,
+                    change: Optional[dict] = None) -> tuple[int, list[int], list[int], list[int]]:
     """Rows for a candidate at `commit` (parent: the best now) on the seed set, paired with the best's runs
     (queued where missing). Returns (candidate id, run ids, reference run ids queued, seeds)."""
     set_index, seeds = eng.seed_set(c)
@@ -256,7 +257,7 @@ def _plan_candidate(eng: "Engine", drv: Optional[Driver], c: dict, commit: str, 
     common = dict(hypothesis=hypothesis, commit_sha=commit, parent_commit=c["best_commit"], source_sha=source_sha,
                   lines_added=added, lines_removed=removed, session_id=session_id, seed_set=set_index)
     cand = eng.ledger.start_experiment(c["id"], description, role="candidate", seed=seeds[0],
-                                       paired_with=refs[seeds[0]], **common)
+                                       paired_with=refs[seeds[0]], change=change, **common)
     runs = [cand] + [eng.ledger.start_experiment(c["id"], f"{description} [seed {s}]", role="pair", seed=s,
                                                  confirm_of=cand, paired_with=refs[s], **common) for s in seeds[1:]]
     for rid in new_refs + runs:
@@ -266,7 +267,8 @@ def _plan_candidate(eng: "Engine", drv: Optional[Driver], c: dict, commit: str, 
 
 # -- submit ------------------------------------------------------------------------------------------
 
-def submit(eng: "Engine", description: str, hypothesis: Optional[str] = None, session_id=None) -> SubmitResult:
+def submit(eng: "Engine", description: str, hypothesis: Optional[str] = None, session_id=None,
+           change: Optional[Change] = None) -> SubmitResult:
     description = textmod.clean(description, textmod.MAX_DESCRIPTION)
     if not description:
         raise LoopError("description is required: say in a few words what this experiment changes")
@@ -292,6 +294,8 @@ def submit(eng: "Engine", description: str, hypothesis: Optional[str] = None, se
         if no_baseline and identical:
             return _submit_baseline(eng, drv, c, session_id)
         src = eng._refuse_non_change(c)
+        if change is not None:
+            eng.check_change(c, change)
         sha = eng._sha(src)
         p = eng.ledger.prior_of_source(c["id"], sha, skip_statuses=("interrupted", "lost"))
         if p is not None:
@@ -308,7 +312,8 @@ def submit(eng: "Engine", description: str, hypothesis: Optional[str] = None, se
                                             f"refs/loopwright/submitted/{sha[:20]}")
         except gitops.GitError as e:
             raise LoopError(f"could not snapshot train.py: {e}") from None
-        cand, runs, refs, seeds = _plan_candidate(eng, drv, c, commit, description, hypothesis, sha, session_id)
+        cand, runs, refs, seeds = _plan_candidate(eng, drv, c, commit, description, hypothesis, sha, session_id,
+                                                  change.model_dump() if change is not None else None)
         eng.ledger.add_submission(c["id"], cand)
         return SubmitResult(experiment_id=cand, kind="candidate", commit=commit[:10], seeds=seeds, runs=runs,
                             reference_runs=refs, in_flight=drv.busy(), executor=drv.ex.kind,
@@ -378,7 +383,7 @@ def record(eng: "Engine", drv: Optional[Driver], out: RunOutcome, interrupted: b
             new_id = eng.ledger.start_experiment(
                 c["id"], row["description"], **{k: row[k] for k in (
                     "hypothesis", "commit_sha", "parent_commit", "is_baseline", "confirm_of", "source_sha", "seed",
-                    "role", "paired_with", "seed_set", "lines_added", "lines_removed", "session_id")})
+                    "role", "paired_with", "seed_set", "lines_added", "lines_removed", "session_id", "change")})
         eng.ledger.update_experiment(row["id"], status=status, finished_at=time.time(), started_at=started,
                                      reason=f"{out.reason or status}; " + (f"re-queued as #{new_id}" if new_id else
                                                                              "not re-queued (lost before)"),
@@ -546,7 +551,7 @@ def _rebase(eng: "Engine", drv: Optional[Driver], c: dict, sub: dict, cand: dict
     commit = gitops.snapshot_commit(root, best, merged, f"experiment: {cand['description']} (rebased onto "
                                     f"{best[:10]})", f"refs/loopwright/submitted/{sha[:20]}")
     new, _, _, _ = _plan_candidate(eng, drv, c, commit, cand["description"], cand["hypothesis"], sha,
-                                   cand["session_id"])
+                                   cand["session_id"], cand["change"])
     for r in own:
         eng.ledger.update_experiment(r["id"], verdict="discard", verdict_reason=f"{stale}; rebased onto it and "
                                      f"re-measured as #{new}")

@@ -347,7 +347,7 @@ def _format_error(path: Path | str, err: ValidationError) -> str:
         key = ".".join(str(p) for p in e["loc"]) or "(top level)"
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            msg = "unknown key; remove it or check the spelling (see README, 'loopwright.toml')"
+            msg = "unknown key; remove it or check the spelling (see docs/configuration.md)"
         elif e["type"] == "missing":
             msg = "required key is missing; add it"
         lines.append(f"  - {key}: {msg}")

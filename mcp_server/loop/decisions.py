@@ -33,7 +33,7 @@ def decide(root, approval_id: int, approve: bool, who: str, via: str, note: Opti
     who = (who or "").strip()
     if not who:
         raise ApprovalError("a decision needs a name: who decides")
-    with Engine(root, recover=False) as eng:
+    with Engine(root) as eng:
         expire_due(eng, now)
         a = eng.ledger.approval(int(approval_id))
         if a is None:
@@ -51,7 +51,7 @@ def apply_approved(root, on_progress=None, max_confirms: int = 3) -> list[str]:
     """Apply every approved keep that can be applied now (the person's process: the CLI or the webhook).
     Returns what happened, one line per approval; an approval that cannot be applied yet stays approved."""
     out = []
-    with Engine(root, recover=False) as eng:
+    with Engine.open_for_writing(root) as eng:   # it moves the best and runs re-measures
         for a in eng.ledger.approvals(statuses=("approved",), kind="keep"):
             c = eng.ledger.campaign(a["campaign_id"])
             try:

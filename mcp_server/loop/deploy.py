@@ -1,4 +1,4 @@
-"""The separate-user deployment: the loop as one OS user, the agent as another (README "Threat model").
+"""The separate-user deployment: the loop as one OS user, the agent as another (docs/security.md).
 
 The loop's user owns the workspace and its state directory (0700, in that user's home); the agent's user
 is in a group that may read the workspace and write only its editable files. So the agent cannot read or

@@ -21,10 +21,12 @@ from mcp_server.ledger.store import SeedSet
 from mcp_server.loop import approvals, asyncrun, gitops, integrity, runner, verdict
 from mcp_server.loop import budget as budgetmod
 from mcp_server.loop import text as textmod
+from mcp_server.loop.change import as_change, check_against
 from mcp_server.loop.errors import Busy, Interrupted, LoopError
 from mcp_server.loop.models import (
     BaselineInfo,
     BudgetResult,
+    Change,
     ExperimentResult,
     ExperimentRow,
     NoiseInfo,
@@ -57,22 +59,31 @@ __all__ = ["Engine", "LoopError", "Busy"]
 
 
 class Engine:
-    def __init__(self, root: Path | str | None = None, recover: bool = True, read_only: bool = False):
+    """One workspace's loop. Opening it changes nothing (hooks, reports and status views open it while a run
+    may be in flight); whatever writes opens it with `open_for_writing`, which recovers first."""
+
+    def __init__(self, root: Path | str | None = None, read_only: bool = False):
         self.ws = Workspace.find(root) if root is None else Workspace.open(root)
         self.ledger = self.ws.ledger()
         self.notices: list[str] = []
         if read_only:
-            # a viewer (the dashboard): it never takes the experiment lock nor writes, so a live loop is never
-            # held up by it; orphaned rows and the pin are the next writer's to recover and check
+            # a viewer (the dashboard) writes nothing, not even the tamper event of a pin check: the pin is the
+            # next writer's to check
             return
-        # Orphaned `running` rows (a CLI or server killed with -9) are recovered by every entry point:
-        # safe even with recover=False, since a live run holds the experiment lock and recover() skips then.
-        # So are candidates left waiting for a score that can never come (an interrupted seed run, also in rows
-        # of older versions) and an edit kept on disk by a run that was killed (recover() takes the lock first).
-        if recover or self.ledger.running_experiments() or self.ledger.interrupted_candidates() \
-                or (self.ws.state_dir / KEPT_EDIT).is_dir():
-            self.recover()
         self._check_pin_on_open()
+
+    @classmethod
+    def open_for_writing(cls, root: Path | str | None = None) -> "Engine":
+        """The engine for a caller that runs, scores, reverts or starts a session: what a killed process left
+        (orphaned `running` rows, candidates whose seed runs were interrupted, an edit kept on disk) is
+        recovered first. Safe while a run is live: recover() needs the experiment lock and skips without it."""
+        eng = cls(root)
+        try:
+            eng.recover()
+        except BaseException:
+            eng.close()
+            raise
+        return eng
 
     def close(self) -> None:
         self.ledger.close()
@@ -218,8 +229,7 @@ class Engine:
         running = self.ledger.running_experiments()
         inflight = {r["run_id"] for r in self.ledger.inflight()}
         if inflight:   # asynchronous runs belong to a driver: a dead one's are left in flight for the next
-            # driver (loop/asyncrun.py reconcile: finished ones recorded, the others re-queued). Every open of
-            # the workspace -- `loopwright status` and other read-only commands included -- passes here.
+            # driver (loop/asyncrun.py reconcile: finished ones recorded, the others re-queued).
             running = [r for r in running if r["id"] not in inflight]
         if not running and not self.ledger.interrupted_candidates() and not (self.ws.state_dir / KEPT_EDIT).is_dir():
             return []
@@ -309,7 +319,7 @@ class Engine:
     def _keep_edit(self, placed: dict[str, Optional[bytes]]) -> None:
         """Before the loop puts `placed` in the tree: the editable files as they are now go to the state dir
         (written whole, then renamed), with digests of what is placed. Put back by _put_back_kept_edit, in this
-        process or -- after a kill -- by the next open's recovery."""
+        process or -- after a kill -- by the next writer's recovery (open_for_writing)."""
         kept = self.ws.state_dir / KEPT_EDIT
         if kept.is_dir():   # left by a killed process whose recovery has not run yet
             self._put_back_kept_edit(after_kill=True)
@@ -426,7 +436,8 @@ class Engine:
     def run_experiment(self, description: str, hypothesis: Optional[str] = None,
                        confirm_of: Optional[int] = None, on_progress: Optional[runner.ProgressFn] = None,
                        session_id: Optional[int] = None,
-                       approved_by_person: Optional[approvals.Approved] = None) -> ExperimentResult:
+                       approved_by_person: Optional[approvals.Approved] = None,
+                       change: Optional[Change | dict] = None) -> ExperimentResult:
         """Run the change in the working tree (committed first) on the seed set, or with confirm_of a confirm
         run of a retest. approved_by_person (only from a person's process: loop/decisions.py) runs exactly
         its commit instead, never the working tree, and is neither held nor delayed by other approvals."""
@@ -436,6 +447,10 @@ class Engine:
             raise LoopError("description is required: say in a few words what this experiment changes")
         if confirm_of is not None:
             confirm_of = _experiment_id(confirm_of, "confirm_of")
+        structured = as_change(change)
+        if structured is not None and confirm_of is not None:
+            raise LoopError("change describes a new candidate; a confirm run re-runs the retest's own change, "
+                            "so leave change out with confirm_of")
         with self._exclusive():
             c = self.campaign
             pending = self.ledger.submissions(c["id"], open_only=True)
@@ -470,7 +485,7 @@ class Engine:
             if confirm_of is not None:
                 res = self._run_confirm(c, confirm_of, description, on_progress, session_id, bound)
             else:
-                res = self._run_candidate(c, description, hypothesis, on_progress, session_id, bound)
+                res = self._run_candidate(c, description, hypothesis, on_progress, session_id, bound, structured)
             res.baseline = baseline
             res.reference_runs += len(refs)
             if res.status != "ok":   # an ok run waits for score(): the end is recorded after the keep it may make
@@ -480,7 +495,7 @@ class Engine:
     def _measure_baseline(self, c: dict, seeds: list[int], set_index: int, on_progress,
                           session_id) -> BaselineInfo:
         """Run the pinned train.py on the seed set; the agent's pending edit (if any) is put back afterwards
-        (it is kept in the state dir meanwhile, so that it survives a kill: the next open puts it back)."""
+        (it is kept in the state dir meanwhile, so that it survives a kill: the next writer puts it back)."""
         placed = self._files_at(c["best_commit"])
         self._keep_edit(placed)
         gitops.reset_to(self.ws.root, c["best_commit"])
@@ -517,6 +532,13 @@ class Engine:
                        f"(detectable effect ~{baseline.mde:.4f}). Edit train.py and call "
                        "run_experiment(description, hypothesis)."))
 
+    def check_change(self, c: dict, change: Change, commit: Optional[str] = None) -> None:
+        """A LoopError unless `change` agrees with train.py: the best version's against `commit`'s (None:
+        the working tree's)."""
+        rel = self.ws.cfg.paths.editable[0]
+        after = self._tree_files() if commit is None else self._files_at(commit)
+        check_against(change, self._files_at(c["best_commit"]).get(rel), after.get(rel), rel)
+
     def _refuse_non_change(self, c, bound: Optional[approvals.Approved] = None) -> str:
         """train.py's source (the working tree's, or the approved commit's), unless it is no real change from
         the best version (then a LoopError saying what it is: identical, comments/whitespace only, or seed only)."""
@@ -534,8 +556,11 @@ class Engine:
         return src
 
     def _run_candidate(self, c, description, hypothesis, on_progress, session_id,
-                       bound: Optional[approvals.Approved] = None) -> ExperimentResult:
+                       bound: Optional[approvals.Approved] = None,
+                       change: Optional[Change] = None) -> ExperimentResult:
         src = self._refuse_non_change(c, bound)
+        if change is not None:
+            self.check_change(c, change, None if bound is None else bound.commit)
         sha = self._sha(src)
         p = self.ledger.prior_of_source(c["id"], sha, skip_statuses=("interrupted",),
                                         skip_reason_prefix=INTERRUPTED_REASON)
@@ -568,7 +593,7 @@ class Engine:
         noise = self.ws.cfg.noise
         res = self._execute(c, description, hypothesis, commit, c["best_commit"], on_progress, session_id,
                             source_sha=sha, seed=seeds[0], role="candidate", paired_with=refs[seeds[0]]["id"],
-                            seed_set=set_index)
+                            seed_set=set_index, change=change)
         res.warnings.extend(warnings)
         if res.status != "ok":
             return res
@@ -658,7 +683,7 @@ class Engine:
 
     def _execute(self, c, description, hypothesis, commit, parent, on_progress, session_id, *, seed: int,
                  is_baseline=False, confirm_of=None, source_sha=None, role=None, paired_with=None,
-                 seed_set=None) -> ExperimentResult:
+                 seed_set=None, change: Optional[Change] = None) -> ExperimentResult:
         t_start = time.monotonic()
         added, removed = (0, 0) if commit == parent else gitops.diff_stats(
             self.ws.root, parent, commit, self.ws.cfg.paths.editable[0])
@@ -666,7 +691,7 @@ class Engine:
             c["id"], description, hypothesis=hypothesis, commit_sha=commit, parent_commit=parent,
             is_baseline=int(is_baseline), confirm_of=confirm_of, source_sha=source_sha, lines_added=added,
             lines_removed=removed, session_id=session_id, role=role, paired_with=paired_with, seed_set=seed_set,
-            seed=seed)
+            seed=seed, change=None if change is None else change.model_dump())
         run_dir = self.ws.run_dir(eid)
         try:
             ledger_before = self._ledger_digest(eid)
@@ -894,7 +919,7 @@ class Engine:
 
     # -- asynchronous experiments (loop/asyncrun.py, on the executor of the [executor] settings) ----------
     def submit_experiment(self, description: str, hypothesis: Optional[str] = None,
-                          session_id: Optional[int] = None) -> SubmitResult:
+                          session_id: Optional[int] = None, change: Optional[Change | dict] = None) -> SubmitResult:
         """Snapshot train.py into a commit (branch, index and working tree untouched: the agent edits on),
         queue its runs on the executor -- any reference runs of the best it needs, then the candidate on
         every seed of the seed set, paired, in parallel up to `[executor] parallel` -- and return its id at
@@ -902,7 +927,7 @@ class Engine:
         all its runs are in, against the best at that time (a stale candidate is rebased and re-measured);
         wait() or state_read() record it. Raises LoopError (nothing recorded) when the budget cannot hold
         its runs, the executor cannot be reached, or another process drives this workspace."""
-        return asyncrun.submit(self, description, hypothesis, session_id)
+        return asyncrun.submit(self, description, hypothesis, session_id, as_change(change))
 
     def wait(self, ids: Optional[list[int]] = None, timeout: float = 600.0) -> WaitResult:
         """Record finished runs and decide what can be decided; block until every id in `ids` is decided

@@ -601,7 +601,7 @@ def _corpus_paths(corpus: str, root: Optional[os.PathLike | str] = None) -> list
 def corpus_sources(ws) -> list[Path]:
     """The workspace's corpus on disk when it is a PATH, or stdlib-hidden's held-out modules (the other named
     ones are downloaded into the hidden state dir, except stdlib, which no sandbox that runs Python can hide:
-    see the README)."""
+    see docs/security.md)."""
     corpus = str(getattr(getattr(getattr(ws, "cfg", None), "benchmark", None), "corpus", "") or "")
     return _corpus_paths(corpus, getattr(ws, "root", None))
 

@@ -72,7 +72,7 @@ def validate(data: dict, where: str = SETTINGS_NAME) -> Settings:
         return Settings.model_validate(data)
     except ValidationError as e:
         raise SettingsError(cfgmod._format_error(where, e).replace(
-            "(see README, 'loopwright.toml')", "(`loopwright config show` lists the keys)")) from None
+            "(see docs/configuration.md)", "(`loopwright config show` lists the keys)")) from None
 
 
 def data_of(s: Settings) -> dict:

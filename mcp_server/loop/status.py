@@ -25,7 +25,7 @@ class LoopStatus(_LoopStatusRequired, total=False):
 
 def loop_status(root: Path | str) -> LoopStatus:
     """For the Stop hook: should the agent stop, and if not, what next."""
-    eng = Engine(root, recover=False)
+    eng = Engine(root)
     try:
         b = eng.budget()
         s = eng.summary()
@@ -61,7 +61,7 @@ def loop_status(root: Path | str) -> LoopStatus:
 
 def session_summary(root: Path | str) -> str:
     """For SessionStart: a short state summary so a new session resumes instead of restarting."""
-    eng = Engine(root, recover=False)
+    eng = Engine(root)
     try:
         s = eng.summary()
         b = eng.budget()

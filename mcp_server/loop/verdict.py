@@ -1,6 +1,6 @@
 """Noise-aware keep / discard / retest on paired (common-random-numbers) runs.
 
-The rule (README "Noise"):
+The rule (docs/statistics.md):
 
 * The runner, not train.py, picks seeds. A campaign has a current *seed set* of
   n = `[noise] baseline_seeds` seeds. The reference (the best version) has a run

@@ -51,7 +51,7 @@ def build_outer_server(workspace: Path | str) -> MCPServer:
         from mcp_server.mechanisms import registry, trial
 
         try:
-            eng = Engine(root, recover=False)
+            eng = Engine(root)
         except Exception as e:
             raise ToolError(f"loopwright cannot open the workspace {root}: {e}") from None
         try:

@@ -26,6 +26,7 @@ from mcp_server import __version__
 from mcp_server.common import procs
 from mcp_server.loop.models import (
     BudgetResult,
+    Change,
     ExperimentResult,
     NoteResult,
     RevertResult,
@@ -56,29 +57,18 @@ def build_server(workspace: Path | str, strict: bool = True) -> MCPServer:
     root = Path(workspace).expanduser().resolve()
     # The engine (git, the ledger, approvals) is imported on the first tool call, not here: a client lists
     # the tools right after start-up and gives up early ("No such tool") if that takes seconds.
-    recovered = threading.Lock()
-    pending_recovery = [True]
-
-    def recover() -> None:
-        """Once, before the first call: mark runs orphaned by a dead server as interrupted."""
+    if strict:   # a server that serves writing tools recovers what a killed predecessor left, at start-up
         from mcp_server.loop.engine import Engine
 
-        with recovered:
-            if pending_recovery[0]:
-                pending_recovery[0] = False
-                Engine(root, recover=True).close()
-
-    if strict:
-        recover()
+        Engine.open_for_writing(root).close()
     server = MCPServer("loopwright", version=__version__, instructions=INSTRUCTIONS)
 
-    def call(fn: Callable[[Any], Any]) -> Any:
+    def call(fn: Callable[[Any], Any], write: bool) -> Any:
         from mcp_server.loop.engine import Engine, LoopError
 
         try:
-            if pending_recovery[0]:
-                recover()
-            eng = Engine(root, recover=False)
+            # a writing tool first recovers what a killed run left; a reading one changes nothing
+            eng = Engine.open_for_writing(root) if write else Engine(root)
         except Exception as e:  # config/workspace problems are the user's to fix: say how
             raise ToolError(f"loopwright cannot open the workspace {root}: {e}. Tell the user; the loop cannot "
                             "run until this is fixed (`loopwright doctor` explains what is wrong).") from None
@@ -96,18 +86,19 @@ def build_server(workspace: Path | str, strict: bool = True) -> MCPServer:
             eng.close()
             _deliver_events(root)
 
-    async def in_thread(fn: Callable[[Any], Any]) -> Any:
-        return await anyio.to_thread.run_sync(lambda: call(fn))
+    async def in_thread(fn: Callable[[Any], Any], *, write: bool) -> Any:
+        return await anyio.to_thread.run_sync(lambda: call(fn, write))
 
     @server.tool(annotations=ToolAnnotations(title="Run an experiment", read_only_hint=False,
                                              destructive_hint=False, idempotent_hint=False, open_world_hint=False))
     async def run_experiment(description: str, ctx: Context, hypothesis: Optional[str] = None,
-                             confirm_of: Optional[int] = None) -> ExperimentResult:
+                             confirm_of: Optional[int] = None, change: Optional[Change] = None) -> ExperimentResult:
         """Commit the edited train.py, train it under the fixed time budget, evaluate it with the frozen
         evaluator and record the result. The first call also measures the baseline on the campaign's seed set;
         a candidate runs on the same seeds as the best version (paired; it stops after the first pair when that
         is clearly worse). Returns metrics, the seed-matched pairs and, on failure, the log tail. Takes
-        minutes; progress is reported."""
+        minutes; progress is reported. Optional `change`, e.g. {"name": "LR", "old": 0.004, "new": 0.008}: the
+        one constant you changed, recorded with the experiment (checked against train.py)."""
         last = [0.0]
         loop = asyncio.get_running_loop()  # progress arrives on the runner's reader thread, not an anyio worker
 
@@ -121,7 +112,8 @@ def build_server(workspace: Path | str, strict: bool = True) -> MCPServer:
             asyncio.run_coroutine_threadsafe(ctx.report_progress(elapsed, total=total or None, message=msg), loop)
 
         return await in_thread(lambda e: e.run_experiment(description, hypothesis, confirm_of, on_progress=progress,
-                                                          session_id=_session_id()))
+                                                          session_id=_session_id(), change=change),
+                               write=True)
 
     @server.tool(annotations=ToolAnnotations(title="Score an experiment", read_only_hint=False,
                                              destructive_hint=True, idempotent_hint=False, open_world_hint=False))
@@ -129,32 +121,32 @@ def build_server(workspace: Path | str, strict: bool = True) -> MCPServer:
         """Paired verdict for the latest (or given) experiment, on candidate - reference differences over the
         same seeds: keep advances the branch, discard resets train.py to the best version, retest asks for a
         confirm pair on a fresh seed (candidate and best both run on it)."""
-        return await in_thread(lambda e: e.score(experiment_id))
+        return await in_thread(lambda e: e.score(experiment_id), write=True)
 
     @server.tool(annotations=ToolAnnotations(title="Revert train.py", read_only_hint=False, destructive_hint=True,
                                              idempotent_hint=True, open_world_hint=False))
     async def revert(to: Optional[int] = None) -> RevertResult:
         """Reset train.py to the best version, or to a kept / baseline / retest experiment's version."""
-        return await in_thread(lambda e: e.revert(to))
+        return await in_thread(lambda e: e.revert(to), write=True)
 
     @server.tool(annotations=ToolAnnotations(title="Check the budget", read_only_hint=True, open_world_hint=False))
     async def budget_check() -> BudgetResult:
         """Remaining runs, compute hours and agent cost; should_stop and why; the minimum detectable effect
         (mde) and keep bar at the current paired noise, so you know which changes are worth a run."""
-        return await in_thread(lambda e: e.budget_check())
+        return await in_thread(lambda e: e.budget_check(), write=False)
 
     @server.tool(annotations=ToolAnnotations(title="Read the loop state", read_only_hint=True,
                                              open_world_hint=False))
     async def state_read(view: View = "summary", limit: int = 20) -> StateView:
         """The campaign state. Views: summary, history (recent experiments), best, notes, noise (seed set,
         paired sigma, keep bar and minimum detectable effect), tried (every experiment's description)."""
-        return await in_thread(lambda e: e.state(view, limit))
+        return await in_thread(lambda e: e.state(view, limit), write=False)
 
     @server.tool(annotations=ToolAnnotations(title="Record a note", read_only_hint=False, destructive_hint=False,
                                              idempotent_hint=False, open_world_hint=False))
     async def note(text: str, kind: NoteKind = "lesson", experiment_id: Optional[int] = None) -> NoteResult:
         """Record a lesson, dead end, idea or observation for later sessions."""
-        return await in_thread(lambda e: e.note(text, kind, experiment_id))
+        return await in_thread(lambda e: e.note(text, kind, experiment_id), write=True)
 
     _register_async_tools(server, in_thread)
     _register_extensions(server, in_thread)
@@ -166,14 +158,17 @@ def _register_async_tools(server: MCPServer, in_thread) -> None:
 
     @server.tool(annotations=ToolAnnotations(title="Submit an experiment", read_only_hint=False,
                                              destructive_hint=False, idempotent_hint=False, open_world_hint=False))
-    async def submit_experiment(description: str, hypothesis: Optional[str] = None) -> SubmitResult:
+    async def submit_experiment(description: str, hypothesis: Optional[str] = None,
+                                change: Optional[Change] = None) -> SubmitResult:
         """Queue the edited train.py as an experiment and return its id at once: train.py is snapshotted into a
         commit and is yours again for the next edit. Its runs (the candidate on every seed of the seed set,
         paired with the best, plus any reference runs the best still needs) go to the executor, in parallel
         where it allows. The verdict is decided when its runs are in, against the best at that time (a
         candidate whose parent is no longer the best is rebased onto it and re-measured). With train.py
-        unchanged and no baseline yet, it measures the baseline. Read results with wait(ids) or state_read."""
-        return await in_thread(lambda e: e.submit_experiment(description, hypothesis, session_id=_session_id()))
+        unchanged and no baseline yet, it measures the baseline. Read results with wait(ids) or state_read.
+        Optional `change` as for run_experiment."""
+        return await in_thread(lambda e: e.submit_experiment(description, hypothesis, session_id=_session_id(),
+                                                             change=change), write=True)
 
     @server.tool(annotations=ToolAnnotations(title="Wait for experiments", read_only_hint=False,
                                              destructive_hint=False, idempotent_hint=True, open_world_hint=False))
@@ -185,7 +180,7 @@ def _register_async_tools(server: MCPServer, in_thread) -> None:
         once) and what is still in flight."""
         if timeout_s < 0 or timeout_s > 3600:
             raise ToolError(f"timeout_s={timeout_s} is out of range: use 0 (just look) to 3600 seconds")
-        return await in_thread(lambda e: e.wait(ids, timeout_s))
+        return await in_thread(lambda e: e.wait(ids, timeout_s), write=True)
 
 
 def _deliver_events(root: Path) -> None:

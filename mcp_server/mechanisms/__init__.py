@@ -167,4 +167,4 @@ def register_tools(server, in_thread) -> None:
         (a UCB1 bandit over categories; a plateau detector that points elsewhere after several experiments
         without a keep), and whether the current train.py repeats or nearly repeats a tried version (tabu).
         Cheap; call it before editing and again before run_experiment."""
-        return await in_thread(lambda e: suggest(e))
+        return await in_thread(lambda e: suggest(e), write=False)

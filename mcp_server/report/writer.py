@@ -418,7 +418,7 @@ def write_report(workspace: Path | str | None = None) -> ReportFiles:
     from mcp_server.loop.engine import Engine
     from mcp_server.report.tsv import export_tsv
 
-    eng = Engine(workspace, recover=False)
+    eng = Engine(workspace)
     try:
         c = eng.campaign
         # read before the rows: every event up to here (a keep) is in the plot drawn from them

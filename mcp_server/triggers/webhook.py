@@ -434,7 +434,7 @@ def default_preflight(root: Path | str, cfg) -> Callable[[], Optional[str]]:
                 find_client(agent, client_env(0, Path(root), agent=agent, cfg=cfg))
             except LaunchError as e:
                 return str(e)
-        eng = Engine(Path(root), recover=False)
+        eng = Engine(Path(root))
         try:
             budget = eng.budget()
         finally:

@@ -45,7 +45,7 @@ def run_experiment(args) -> int:
     from mcp_server.common import procs
     from mcp_server.loop.errors import LoopError
 
-    with open_engine(args) as eng:
+    with open_engine(args, write=True) as eng:
         try:
             last = eng.recent_experiments(limit=1)
         except LoopError:
@@ -65,7 +65,7 @@ def score_args(sp) -> None:
 
 
 def score(args) -> int:
-    with open_engine(args) as eng:
+    with open_engine(args, write=True) as eng:
         print(eng.score(args.experiment_id).model_dump_json(indent=2))
     deliver_events(eng.ws.root)
     return 0
@@ -76,7 +76,7 @@ def revert_args(sp) -> None:
 
 
 def revert(args) -> int:
-    with open_engine(args) as eng:
+    with open_engine(args, write=True) as eng:
         res = eng.revert(args.to)
         print(res.model_dump_json(indent=2))
         if res.backup:
@@ -96,7 +96,7 @@ def stop_args(sp) -> None:
 
 
 def stop(args) -> int:
-    with open_engine(args) as eng:
+    with open_engine(args, write=True) as eng:
         if args.clear:
             eng.clear_stop_request()
             print("stop request cleared")

@@ -28,7 +28,7 @@ def init_args(sp) -> None:
                          "and .codex/config.toml), auto (default: plugin for a client that has it installed)")
     sp.add_argument("--agent-group", metavar="GROUP",
                     help="the agent runs as another OS user in GROUP: the group may read the workspace and write "
-                         "only its editable files; the state stays this user's alone (README, Threat model). "
+                         "only its editable files; the state stays this user's alone (docs/security.md). "
                          "The workspace's clients then reach the MCP server at --mcp-url")
     sp.add_argument("--mcp-url", metavar="URL", default=None,
                     help="with --agent-group: where `loopwright serve --http` (run as this user) listens "
@@ -87,7 +87,7 @@ def init(args) -> int:
             print(f"shared: {line}")
         print(f"the state ({ws.state_dir}) stays this user's alone; the agent's clients reach the loop at {mcp_url}: "
               f"keep `loopwright serve --http --port {urlparse(mcp_url).port or 8765} --workspace {ws.root}` running "
-              "as this user (README, Threat model)")
+              "as this user (docs/security.md)")
     names = (("claude", "Claude Code"), ("codex", "Codex"))
     print("wiring: " + ", ".join(f"{name} via " + ("its plugin" if wiring[c] == "plugin" else "the workspace's files")
                                  for c, name in names) + " (`loopwright wiring` checks it)")
