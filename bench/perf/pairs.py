@@ -4,6 +4,7 @@ campaign does). No training: the pairs are drawn from a normal model of SD --sig
 
     python bench/perf/pairs.py                       # demo's sigma_d 0.043, seed sets of 2 and 3, ~10 s
     python bench/perf/pairs.py --sigma-d 0.02 --comparisons 5000
+    python bench/perf/pairs.py --tiny                # a smoke run (tests/test_bench_smoke.py)
 """
 from __future__ import annotations
 
@@ -23,7 +24,10 @@ def main() -> int:
     ap.add_argument("--comparisons", type=int, default=4000)
     ap.add_argument("--history", type=int, default=6, help="earlier comparisons sigma_d is pooled from")
     ap.add_argument("--max-pairs", type=int, default=6)
+    ap.add_argument("--tiny", action="store_true", help="smoke run: 50 comparisons per row (not a measurement)")
     args = ap.parse_args()
+    if args.tiny:
+        args.comparisons = 50
     print(f"sigma_d {args.sigma_d}, {args.comparisons} comparisons per row, sigma_d pooled from {args.history} "
           "earlier null comparisons with the default prior (0.06, 3 pairs)")
     print(f"{'rule':<16}{'MDE':>8}  {'effect':>10}  {'kept':>6}  {'pairs':>6}  {'runs':>6}")
