@@ -83,7 +83,10 @@ class CampaignConfig(_Section):
 CPU_WALL_FACTOR = 4.0   # = bench/gpt/prepare.py's: cpu/steps clocks get this many budgets of wall clock
 
 
-NAMED_CORPORA = ("stdlib", "tinystories", "climbmix")   # anything else is a PATH to the user's text
+# anything else is a PATH to the user's text. stdlib-hidden (the default): val/test are stdlib modules that
+# train.py's sandbox hides (bench/gpt/prepare.py HELDOUT_STDLIB); stdlib: val/test any Python can read
+NAMED_CORPORA = ("stdlib-hidden", "stdlib", "tinystories", "climbmix")
+DEFAULT_CORPUS = "stdlib-hidden"
 
 
 class BenchmarkConfig(_Section):
@@ -96,7 +99,7 @@ class BenchmarkConfig(_Section):
     seq_len: int = Field(default=256, ge=8, le=65536)
     eval_tokens: int = Field(default=131072, ge=1024)
     metric: Literal["val_bpb"] = "val_bpb"
-    corpus: str = "stdlib"
+    corpus: str = DEFAULT_CORPUS
     tokenizer: Literal["byte", "bpe"] = "byte"
     eval_timeout: float = Field(default=600.0, gt=0)
 
