@@ -13,7 +13,7 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator, Mapping, Optional
 
 from mcp_server.common import procs
 from mcp_server.common.locks import FileLock
@@ -195,7 +195,7 @@ class Engine:
         the baseline; otherwise 'reference' runs attached to the kept experiment. Counted as runs."""
         have = self.reference_runs(c)
         missing = [s for s in seeds if s not in have]
-        out = []
+        out: list[dict] = []
         if not missing:
             return out
         best_id = c["best_experiment_id"]
@@ -209,7 +209,8 @@ class Engine:
                     raise LoopError(f"the best version itself failed on seed {s} ({exp.status}: {exp.reason}). "
                                     f"The benchmark is broken on this machine, not your change; log tail:\n"
                                     f"{exp.log_tail}")
-                out.append(self.ledger.experiment(exp.experiment_id))
+                assert exp.experiment_id is not None   # _execute always records the run
+                out.append(self.ledger.recorded_experiment(exp.experiment_id))
         return out
 
     # -- locking and recovery -------------------------------------------------
@@ -299,7 +300,7 @@ class Engine:
         self.notices.append(text)
         print(f"loopwright: {text}", file=sys.stderr, flush=True)
 
-    def save_backup(self, files: dict[str, Optional[bytes]], why: str) -> Path:
+    def save_backup(self, files: Mapping[str, Optional[bytes]], why: str) -> Path:
         """Copies of editable files in a fresh folder under the state dir's backups/ (the newest MAX_BACKUPS
         folders are kept); its path."""
         root = self.ws.state_dir / BACKUPS
@@ -598,6 +599,7 @@ class Engine:
         if res.status != "ok":
             return res
         eid = res.experiment_id
+        assert eid is not None   # a run that ran was recorded
         try:
             for s in seeds[1:]:   # the rest of the seed set, each paired with the reference's run on it
                 if verdict.enough_pairs([p.d for p in self._pairs(eid)], self.sigma_paired(c)[0], noise, len(seeds)):
@@ -620,7 +622,7 @@ class Engine:
 
     def _pairs(self, exp_id: int) -> list[PairInfo]:
         out = []
-        for r in [self.ledger.experiment(exp_id)] + self.ledger.confirm_runs(exp_id):
+        for r in [self.ledger.recorded_experiment(exp_id)] + self.ledger.confirm_runs(exp_id):
             if r["status"] != "ok" or r["val_bpb"] is None or r["paired_with"] is None:
                 continue
             ref = self.ledger.experiment(r["paired_with"])
@@ -725,6 +727,7 @@ class Engine:
             if problems:
                 status, reason = "rejected", "; ".join(problems)
             elif tr.status == "ok":
+                assert tr.model_path is not None   # an ok training run always leaves its model
                 ev = runner.run_evaluation(self.ws, c["pinned_commit"], run_dir, tr.model_path)
                 if not ev.ok:
                     status, reason = "rejected", f"the evaluator rejected the model: {ev.reason}"
@@ -746,7 +749,7 @@ class Engine:
             if not is_baseline and role != "reference":
                 gitops.reset_to(self.ws.root, c["best_commit"])
             raise
-        row = self.ledger.experiment(eid)
+        row = self.ledger.recorded_experiment(eid)
         if status != "ok" and not is_baseline and role != "reference":
             self._after_failure(c, row, confirm_of)
         return self._result(c, row)
@@ -848,7 +851,7 @@ class Engine:
                 nxt = "Discarded: train.py is back at the best version. Note the dead end, then try something else."
             self._maybe_plateau(c)
             self._record_if_budget_spent(c)
-            c = self.ledger.campaign(c["id"])
+            c = self.ledger.recorded_campaign(c["id"])
             best_after, _ = self.best(c)
             lo, hi = verdict.paired_interval(diffs, sig)
             return ScoreResult(experiment_id=exp["id"], verdict=v.kind, gain=round(v.gain, 6),
@@ -885,7 +888,7 @@ class Engine:
                 raise LoopError(f"experiment {experiment_id} does not exist in this campaign; "
                                 "state_read(view='history') lists experiment ids")
             if exp["confirm_of"] is not None:
-                exp = self.ledger.experiment(exp["confirm_of"])
+                exp = self.ledger.recorded_experiment(exp["confirm_of"])
         if exp["is_baseline"]:
             raise LoopError(f"experiment {exp['id']} is a baseline run; baselines are not scored")
         if exp["status"] != "ok":
@@ -951,6 +954,7 @@ class Engine:
             c = self.campaign
             if to is None:
                 commit, eid = c["best_commit"], c["best_experiment_id"]
+                moves_branch = True
             else:
                 exp = self.ledger.experiment(_experiment_id(to, "to"))
                 if exp is None or exp["campaign_id"] != c["id"]:
@@ -959,12 +963,13 @@ class Engine:
                     raise LoopError(f"experiment {to} has verdict {exp['verdict']!r}; revert goes to the best, a kept "
                                     "experiment, a baseline, or a pending retest")
                 commit, eid = exp["commit_sha"], exp["id"]
+                moves_branch = exp["verdict"] == "retest"
             # an uncommitted edit (not in HEAD, not what the revert puts there) is saved before it is overwritten
             now, head, target = self._tree_files(), self._files_at(gitops.head_sha(self.ws.root)), self._files_at(commit)
             lost = {rel: data for rel, data in now.items() if data is not None and data != head[rel]
                     and data != target[rel]}
             backup = self.save_backup(lost, "before-revert") if lost else None
-            if to is None or commit == c["best_commit"] or exp["verdict"] == "retest":
+            if moves_branch or commit == c["best_commit"]:
                 gitops.reset_to(self.ws.root, commit)   # the branch itself moves (best, or a pending retest)
             else:
                 gitops.checkout_files(self.ws.root, commit, self.ws.cfg.paths.editable)
@@ -1107,7 +1112,7 @@ class Engine:
                                self.ledger.experiments(c["id"], limit=limit, newest_first=True)]
         elif view == "best":
             if c["best_experiment_id"]:
-                out.best = ExperimentRow.from_row(self.ledger.experiment(c["best_experiment_id"]))
+                out.best = ExperimentRow.from_row(self.ledger.recorded_experiment(c["best_experiment_id"]))
             out.summary = self.summary(c)
         elif view == "notes":
             out.notes = [NoteRow(**_pick(n, NoteRow)) for n in self.ledger.notes(c["id"], limit=limit)]
