@@ -163,7 +163,8 @@ class NoiseConfig(_Section):
     rotate_every: int = Field(default=6, ge=0, description="candidates per seed set before a fresh one (0 = never)")
     first_seed: int = Field(default=1001, ge=0, le=2**31 - 1,
                             description="the campaign's first seed; each fresh seed set continues after the highest used")
-    early_stop: bool = Field(default=True, description="stop after the first pair when it is clearly worse")
+    early_stop: bool = Field(default=True, description="fixed pairs: stop after the first pair when it is "
+                               "clearly worse (adaptive pairs stop by their own test)")
     large_effect_sigmas: float = Field(
         default=5.0, ge=0, description="comparisons whose mean paired difference is beyond this many sigma_d are "
         "left out of sigma_d (0 = none): a big effect's spread over seeds says how that effect varies with the "
