@@ -35,7 +35,7 @@ FROZEN_SECTIONS = ("benchmark", "paths", "noise")
 LATE_FROZEN_FIELDS: tuple[tuple[str, str], ...] = (
     ("noise", "sigma_prior"), ("noise", "prior_pairs"), ("noise", "rotate_every"), ("noise", "early_stop"),
     ("benchmark", "clock"), ("benchmark", "budget_tokens"), ("noise", "large_effect_sigmas"),
-    ("noise", "first_seed"),
+    ("noise", "first_seed"), ("noise", "pairs"), ("noise", "min_pairs"), ("noise", "max_pairs"),
 )
 OPERATIONAL_SECTIONS = ("campaign", "budget", "schedule", "slack", "jira", "webhook", "executor")
 
@@ -168,6 +168,21 @@ class NoiseConfig(_Section):
         default=5.0, ge=0, description="comparisons whose mean paired difference is beyond this many sigma_d are "
         "left out of sigma_d (0 = none): a big effect's spread over seeds says how that effect varies with the "
         "seed, not how noisy the measurement of a small change is")
+    # adaptive pairs (mcp_server/loop/sequential.py). The default stays "fixed" so that a workspace made before
+    # this field existed keeps the verdict rule its lock was made for (BENCHMARKS.md "Adaptive pairs" compares them).
+    pairs: Literal["adaptive", "fixed"] = Field(default="fixed", description=(
+        "adaptive: a sequential test after each pair, more pairs only while the call is close (up to max_pairs); "
+        "fixed: the whole seed set, then retests near the bar"))
+    min_pairs: int = Field(default=1, ge=1, le=50, description="adaptive pairs: pairs before any verdict")
+    max_pairs: int = Field(default=6, ge=1, le=50, description="adaptive pairs: the most pairs a candidate "
+                           "gets (the seed set, then fresh-seed confirm pairs); the test decides at this many")
+
+    @model_validator(mode="after")
+    def _pairs_bounds(self) -> "NoiseConfig":
+        if self.min_pairs > self.max_pairs:
+            raise ValueError(f"noise.min_pairs ({self.min_pairs}) is more than noise.max_pairs ({self.max_pairs}); "
+                             "set min_pairs <= max_pairs (e.g. min_pairs = 1, max_pairs = 6)")
+        return self
 
 
 class BudgetConfig(_Section):

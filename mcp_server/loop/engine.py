@@ -517,8 +517,8 @@ class Engine:
         sd, _ = self.sigma_paired(c)
         n = self.ws.cfg.noise
         return BaselineInfo(samples=samples, mean=statistics.fmean(samples), sigma=sig,
-                            keep_threshold=verdict.bar(sd, n, len(seeds)), sigma_paired=sd,
-                            mde=verdict.mde(sd, n, len(seeds)), seeds=seeds)
+                            keep_threshold=verdict.keep_bar(sd, n, len(seeds)), sigma_paired=sd,
+                            mde=verdict.achieved_mde(sd, n), seeds=seeds)
 
     def _baseline_result(self, c: dict, baseline: BaselineInfo) -> ExperimentResult:
         last = self.ledger.experiments(c["id"], limit=1, newest_first=True)[0]
@@ -601,17 +601,16 @@ class Engine:
         eid = res.experiment_id
         assert eid is not None   # a run that ran was recorded
         try:
-            d1 = res.val_bpb - refs[seeds[0]]["val_bpb"]
-            if noise.early_stop and len(seeds) > 1 and verdict.clearly_worse(d1, self.sigma_paired(c)[0], noise):
-                res.early_stopped = True
-            else:
-                for s in seeds[1:]:   # the rest of the seed set, each paired with the reference's run on it
-                    r = self._execute(c, f"{description} [seed {s}]", hypothesis, commit, c["best_commit"],
-                                      on_progress, session_id, confirm_of=eid, source_sha=sha, seed=s, role="pair",
-                                      paired_with=refs[s]["id"], seed_set=set_index)
-                    if r.status != "ok":
-                        r.warnings.extend(warnings)
-                        return r
+            for s in seeds[1:]:   # the rest of the seed set, each paired with the reference's run on it
+                if verdict.enough_pairs([p.d for p in self._pairs(eid)], self.sigma_paired(c)[0], noise, len(seeds)):
+                    res.early_stopped = True   # the verdict is already clear: skip the rest of the seed set
+                    break
+                r = self._execute(c, f"{description} [seed {s}]", hypothesis, commit, c["best_commit"],
+                                  on_progress, session_id, confirm_of=eid, source_sha=sha, seed=s, role="pair",
+                                  paired_with=refs[s]["id"], seed_set=set_index)
+                if r.status != "ok":
+                    r.warnings.extend(warnings)
+                    return r
         except BaseException as e:   # Ctrl-C, a signal, the server ending: never left waiting for a score
             cand = self.ledger.experiment(eid)
             if cand is not None and cand["verdict"] is None:
@@ -640,7 +639,8 @@ class Engine:
         if pairs:
             res.val_bpb = round(statistics.fmean(p.candidate for p in pairs), 6)
             res.delta_vs_best = round(statistics.fmean(p.d for p in pairs), 6)
-        how = ("clearly worse on the first pair, so the other seeds were not run. " if res.early_stopped else "")
+        how = (f"the verdict was clear after {len(pairs)} pair(s), so the rest of the seed set was not run. "
+               if res.early_stopped else "")
         res.next_step = (f"{how}Ran on {len(pairs)} seed(s) paired with the best version (mean paired delta "
                          f"{res.delta_vs_best:+.5f}). Call score(experiment_id={eid}) for the verdict.")
         return res
@@ -858,7 +858,7 @@ class Engine:
                                threshold=round(v.threshold, 6), sigma=round(sig, 6), samples=samples,
                                best_val_bpb=best_after, best_commit=c["best_commit"][:10], reason=v.reason,
                                pairs=pairs, interval=(round(lo, 6), round(hi, 6)), early_stop=v.early_stop,
-                               mde=round(verdict.mde(sig, noise, noise.baseline_seeds), 6), next_step=nxt)
+                               mde=round(verdict.achieved_mde(sig, noise), 6), next_step=nxt)
 
     def _record_keep(self, c: dict, exp: dict, v: verdict.Verdict, samples: list[float], previous: float,
                      sig: float) -> None:
@@ -1031,7 +1031,7 @@ class Engine:
                "Budget remains: keep going (state_read, edit train.py, run_experiment, score).")
         sd, _ = self.sigma_paired(c)
         noise = self.ws.cfg.noise
-        bar, mde = verdict.bar(sd, noise, noise.baseline_seeds), verdict.mde(sd, noise, noise.baseline_seeds)
+        bar, mde = verdict.keep_bar(sd, noise, noise.baseline_seeds), verdict.achieved_mde(sd, noise)
         runs = self.next_experiment_runs(c)
         if not should_stop:
             left = "" if st.runs_left is None else f" ({st.runs_left} left in the budget)"
@@ -1132,9 +1132,12 @@ class Engine:
         return NoiseInfo(baseline_samples=base, baseline_mean=statistics.fmean(base) if base else None, sigma=sig,
                          min_delta=n.min_delta, k_sigma=n.k_sigma, single_run_threshold=verdict.bar(sd, n, 1),
                          sigma_paired=sd, paired_dof=dof, seeds=seeds, seed_set=idx,
-                         keep_threshold=verdict.bar(sd, n, len(seeds)), mde=verdict.mde(sd, n, len(seeds)),
-                         rule=(f"candidates run on the reference's seeds; keep iff mean(candidate - reference) <= "
-                               f"-max({n.min_delta}, {n.k_sigma} * sigma_paired / sqrt(n)); sigma_paired pools "
+                         keep_threshold=verdict.keep_bar(sd, n, len(seeds)), mde=verdict.achieved_mde(sd, n),
+                         rule=("candidates run on the reference's seeds; keep iff mean(candidate - reference) <= "
+                               + (f"-max({n.min_delta}, {n.k_sigma} * sigma_paired / sqrt(n))" if n.pairs == "fixed" else
+                                  f"minus the sequential keep bound after n pairs (adaptive pairs: one more pair while "
+                                  f"the call is close, at most {n.max_pairs})")
+                               + f"; sigma_paired pools "
                                f"{dof} dof of this campaign's pairs with a prior {n.sigma_prior} worth "
                                f"{n.prior_pairs:g} pairs; fresh seed set every {n.rotate_every} candidates"))
 
