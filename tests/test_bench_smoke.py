@@ -57,6 +57,7 @@ EXPECT = {
     "clock_load.py": "cpu: steps [",
     "dashboard.py": "stalled SSE clients",
     "noise.py": "paired d",
+    "pairs.py": "exact, known sigma_d (adaptive-3)",
     "screen.py": "| `LR=0.012` |",
     "seed_decomposition.py": '{"init": 2, "data": 1, "val_bpb"',
     "server_start.py": "tools/list after",

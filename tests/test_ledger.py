@@ -188,3 +188,14 @@ def test_changes_are_stored_typed_and_an_old_builtin_ledger_gets_them_from_its_d
         assert type(led.experiment(e)["change"]["new"]) is int
         with pytest.raises(LedgerError, match="a change is {name, old, new}"):
             led.start_experiment(cid, "bad", change={"name": "LR", "to": 1})
+
+
+def test_recorded_rows_are_rows_or_a_ledger_error_never_none(tmp_path):
+    with Ledger(tmp_path / "s.db") as led:
+        cid, ids = _campaign(led)
+        assert led.recorded_experiment(ids["kept"])["description"] == "kept"
+        assert led.recorded_campaign(cid)["tag"] == "t"
+        with pytest.raises(LedgerError, match="experiment 999 is not in the ledger"):
+            led.recorded_experiment(999)
+        with pytest.raises(LedgerError, match="campaign 999 is not in the ledger"):
+            led.recorded_campaign(999)

@@ -2,6 +2,7 @@
 
     python bench/perf/bench_gpt.py                 # one 30 s run, ~1.5 minutes
     python bench/perf/bench_gpt.py --budget 60 --repeat 2
+    python bench/perf/bench_gpt.py --corpus stdlib --eval-tokens 8192   # the demo's evaluation, the old corpus
     python bench/perf/bench_gpt.py --tiny          # a smoke run (2 steps, tiny corpus): seconds, no figures
 
 In one run it prints:
@@ -125,7 +126,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--budget", type=float, default=30.0, help="TIME_BUDGET in seconds (default 30)")
     ap.add_argument("--repeat", type=int, default=1)
-    ap.add_argument("--corpus", default="stdlib")
+    ap.add_argument("--corpus", default="stdlib-hidden", help="[benchmark] corpus (default: prepare.py's)")
+    ap.add_argument("--eval-tokens", type=int, default=None,
+                    help="[benchmark] eval_tokens (default: prepare.py's 131,072; the demo's is 8,192)")
     ap.add_argument("--json", type=Path, help="also write the results here")
     ap.add_argument("--tiny", action="store_true", help="a smoke run: 2 training steps on a tiny corpus, a "
                     "1,024-token evaluation (seconds; the figures mean nothing)")
@@ -141,6 +144,7 @@ def main() -> None:
             toml = tiny.toml_lines(tiny.tiny_corpus(ws / "corpus"))
         else:
             toml = [f"time_budget = {args.budget}", f'corpus = "{args.corpus}"']
+            toml += [f"eval_tokens = {args.eval_tokens}"] if args.eval_tokens else []
         (ws / "loopwright.toml").write_text("\n".join(["[benchmark]", *toml]) + "\n")
         t0 = time.monotonic()
         subprocess.run([sys.executable, str(ws / "prepare.py"), "prepare"], cwd=ws, check=True,

@@ -548,6 +548,20 @@ class Ledger:
         r = self.conn.execute("SELECT * FROM experiments WHERE id=?", (experiment_id,)).fetchone()
         return None if r is None else _experiment_row(r)
 
+    def recorded_experiment(self, experiment_id: int) -> dict:
+        """The row of an experiment the loop itself recorded: a LedgerError, never None, if it is missing."""
+        row = self.experiment(experiment_id)
+        if row is None:
+            raise LedgerError(f"experiment {experiment_id} is not in the ledger")
+        return row
+
+    def recorded_campaign(self, campaign_id: int) -> dict:
+        """The row of a campaign known to exist: a LedgerError, never None, if it is missing."""
+        row = self.campaign(campaign_id)
+        if row is None:
+            raise LedgerError(f"campaign {campaign_id} is not in the ledger")
+        return row
+
     def experiments(self, campaign_id: int, limit: Optional[int] = None, newest_first: bool = False) -> list[dict]:
         """Every row of the campaign (candidates, baseline, reference, pair and confirm runs) in id order."""
         return self._experiments(campaign_id, "", (), limit, newest_first)

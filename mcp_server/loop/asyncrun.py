@@ -258,11 +258,30 @@ def _plan_candidate(eng: "Engine", drv: Optional[Driver], c: dict, commit: str, 
                   lines_added=added, lines_removed=removed, session_id=session_id, seed_set=set_index)
     cand = eng.ledger.start_experiment(c["id"], description, role="candidate", seed=seeds[0],
                                        paired_with=refs[seeds[0]], change=change, **common)
+    # adaptive pairs: min_pairs of the seed set now, the rest only while the sequential test asks (_decide)
+    first = first_wave(eng, len(seeds))
     runs = [cand] + [eng.ledger.start_experiment(c["id"], f"{description} [seed {s}]", role="pair", seed=s,
-                                                 confirm_of=cand, paired_with=refs[s], **common) for s in seeds[1:]]
+                                                 confirm_of=cand, paired_with=refs[s], **common)
+                     for s in seeds[1:first]]
     for rid in new_refs + runs:
         _queue_row(eng, drv, c, rid)
     return cand, runs, new_refs, seeds
+
+
+def first_wave(eng: "Engine", n_seeds: int) -> int:
+    """Pairs of the seed set a submission queues at once: all of them (fixed pairs), or min_pairs (adaptive)."""
+    noise = eng.ws.cfg.noise
+    return n_seeds if noise.pairs == "fixed" else max(1, min(noise.min_pairs, n_seeds))
+
+
+def _next_set_pair(eng: "Engine", c: dict, cand: dict, own: list[dict]) -> Optional[tuple[int, int]]:
+    """(seed, reference run) of the candidate's seed set it has no pair on yet, if the set is still current."""
+    set_index, seeds = eng.seed_set(c)
+    if cand["seed_set"] != set_index:
+        return None
+    used = {r["seed"] for r in own}
+    refs = _reference_rows(eng, c, seeds)
+    return next(((s, refs[s]) for s in seeds if s not in used and s in refs), None)
 
 
 # -- submit ------------------------------------------------------------------------------------------
@@ -302,7 +321,7 @@ def submit(eng: "Engine", description: str, hypothesis: Optional[str] = None, se
             raise LoopError(f"exact repeat of experiment #{p['id']} ({p['description']!r}: status {p['status']}, "
                             f"verdict {p['verdict']}). Try something else; state_read(view='tried') lists what was tried.")
         _, seeds = eng.seed_set(c, rotate=not no_baseline)
-        need = len(seeds) + len([s for s in seeds if s not in _reference_rows(eng, c, seeds)])
+        need = first_wave(eng, len(seeds)) + len([s for s in seeds if s not in _reference_rows(eng, c, seeds)])
         room = _room(eng, c)
         if room is not None and need > room:
             raise LoopError(f"this experiment needs {need} runs but the budget has room for {max(room, 0)} (runs in "
@@ -474,8 +493,21 @@ def _decide(eng: "Engine", drv: Optional[Driver], c: dict, sub: dict) -> None:
     noise = eng.ws.cfg.noise
     n_confirms = sum(r["role"] == "confirm" and r["status"] == "ok" for r in own)
     v = verdict.decide([p.d for p in pairs], sig, noise, n_planned=noise.baseline_seeds, n_confirms=n_confirms)
+    nxt = _next_set_pair(eng, c, cand, own) if v.kind == "retest" and noise.pairs == "adaptive" else None
+    room = _room(eng, c)
+    if nxt is not None and drv is not None and (room is None or room >= 1):
+        # adaptive pairs, still uncertain: the next seed of the set, paired with the best's run on it
+        for r in own:
+            eng.ledger.update_experiment(r["id"], verdict="retest", verdict_reason=v.reason)
+        run = eng.ledger.start_experiment(
+            c["id"], f"{cand['description']} [seed {nxt[0]}]", hypothesis=cand["hypothesis"],
+            commit_sha=cand["commit_sha"], parent_commit=cand["parent_commit"], confirm_of=cand["id"],
+            source_sha=cand["source_sha"], seed=nxt[0], role="pair", paired_with=nxt[1],
+            session_id=cand["session_id"], lines_added=cand["lines_added"], lines_removed=cand["lines_removed"],
+            seed_set=cand["seed_set"])
+        _queue_row(eng, drv, c, run)
+        return
     if v.kind == "retest":
-        room = _room(eng, c)
         if drv is not None and (room is None or room >= 2):
             for r in own:
                 eng.ledger.update_experiment(r["id"], verdict="retest", verdict_reason=v.reason)

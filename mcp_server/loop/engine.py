@@ -13,7 +13,7 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator, Mapping, Optional
 
 from mcp_server.common import procs
 from mcp_server.common.locks import FileLock
@@ -195,7 +195,7 @@ class Engine:
         the baseline; otherwise 'reference' runs attached to the kept experiment. Counted as runs."""
         have = self.reference_runs(c)
         missing = [s for s in seeds if s not in have]
-        out = []
+        out: list[dict] = []
         if not missing:
             return out
         best_id = c["best_experiment_id"]
@@ -209,7 +209,8 @@ class Engine:
                     raise LoopError(f"the best version itself failed on seed {s} ({exp.status}: {exp.reason}). "
                                     f"The benchmark is broken on this machine, not your change; log tail:\n"
                                     f"{exp.log_tail}")
-                out.append(self.ledger.experiment(exp.experiment_id))
+                assert exp.experiment_id is not None   # _execute always records the run
+                out.append(self.ledger.recorded_experiment(exp.experiment_id))
         return out
 
     # -- locking and recovery -------------------------------------------------
@@ -299,7 +300,7 @@ class Engine:
         self.notices.append(text)
         print(f"loopwright: {text}", file=sys.stderr, flush=True)
 
-    def save_backup(self, files: dict[str, Optional[bytes]], why: str) -> Path:
+    def save_backup(self, files: Mapping[str, Optional[bytes]], why: str) -> Path:
         """Copies of editable files in a fresh folder under the state dir's backups/ (the newest MAX_BACKUPS
         folders are kept); its path."""
         root = self.ws.state_dir / BACKUPS
@@ -516,8 +517,8 @@ class Engine:
         sd, _ = self.sigma_paired(c)
         n = self.ws.cfg.noise
         return BaselineInfo(samples=samples, mean=statistics.fmean(samples), sigma=sig,
-                            keep_threshold=verdict.bar(sd, n, len(seeds)), sigma_paired=sd,
-                            mde=verdict.mde(sd, n, len(seeds)), seeds=seeds)
+                            keep_threshold=verdict.keep_bar(sd, n, len(seeds)), sigma_paired=sd,
+                            mde=verdict.achieved_mde(sd, n), seeds=seeds)
 
     def _baseline_result(self, c: dict, baseline: BaselineInfo) -> ExperimentResult:
         last = self.ledger.experiments(c["id"], limit=1, newest_first=True)[0]
@@ -598,18 +599,18 @@ class Engine:
         if res.status != "ok":
             return res
         eid = res.experiment_id
+        assert eid is not None   # a run that ran was recorded
         try:
-            d1 = res.val_bpb - refs[seeds[0]]["val_bpb"]
-            if noise.early_stop and len(seeds) > 1 and verdict.clearly_worse(d1, self.sigma_paired(c)[0], noise):
-                res.early_stopped = True
-            else:
-                for s in seeds[1:]:   # the rest of the seed set, each paired with the reference's run on it
-                    r = self._execute(c, f"{description} [seed {s}]", hypothesis, commit, c["best_commit"],
-                                      on_progress, session_id, confirm_of=eid, source_sha=sha, seed=s, role="pair",
-                                      paired_with=refs[s]["id"], seed_set=set_index)
-                    if r.status != "ok":
-                        r.warnings.extend(warnings)
-                        return r
+            for s in seeds[1:]:   # the rest of the seed set, each paired with the reference's run on it
+                if verdict.enough_pairs([p.d for p in self._pairs(eid)], self.sigma_paired(c)[0], noise, len(seeds)):
+                    res.early_stopped = True   # the verdict is already clear: skip the rest of the seed set
+                    break
+                r = self._execute(c, f"{description} [seed {s}]", hypothesis, commit, c["best_commit"],
+                                  on_progress, session_id, confirm_of=eid, source_sha=sha, seed=s, role="pair",
+                                  paired_with=refs[s]["id"], seed_set=set_index)
+                if r.status != "ok":
+                    r.warnings.extend(warnings)
+                    return r
         except BaseException as e:   # Ctrl-C, a signal, the server ending: never left waiting for a score
             cand = self.ledger.experiment(eid)
             if cand is not None and cand["verdict"] is None:
@@ -621,7 +622,7 @@ class Engine:
 
     def _pairs(self, exp_id: int) -> list[PairInfo]:
         out = []
-        for r in [self.ledger.experiment(exp_id)] + self.ledger.confirm_runs(exp_id):
+        for r in [self.ledger.recorded_experiment(exp_id)] + self.ledger.confirm_runs(exp_id):
             if r["status"] != "ok" or r["val_bpb"] is None or r["paired_with"] is None:
                 continue
             ref = self.ledger.experiment(r["paired_with"])
@@ -638,7 +639,8 @@ class Engine:
         if pairs:
             res.val_bpb = round(statistics.fmean(p.candidate for p in pairs), 6)
             res.delta_vs_best = round(statistics.fmean(p.d for p in pairs), 6)
-        how = ("clearly worse on the first pair, so the other seeds were not run. " if res.early_stopped else "")
+        how = (f"the verdict was clear after {len(pairs)} pair(s), so the rest of the seed set was not run. "
+               if res.early_stopped else "")
         res.next_step = (f"{how}Ran on {len(pairs)} seed(s) paired with the best version (mean paired delta "
                          f"{res.delta_vs_best:+.5f}). Call score(experiment_id={eid}) for the verdict.")
         return res
@@ -725,6 +727,7 @@ class Engine:
             if problems:
                 status, reason = "rejected", "; ".join(problems)
             elif tr.status == "ok":
+                assert tr.model_path is not None   # an ok training run always leaves its model
                 ev = runner.run_evaluation(self.ws, c["pinned_commit"], run_dir, tr.model_path)
                 if not ev.ok:
                     status, reason = "rejected", f"the evaluator rejected the model: {ev.reason}"
@@ -746,7 +749,7 @@ class Engine:
             if not is_baseline and role != "reference":
                 gitops.reset_to(self.ws.root, c["best_commit"])
             raise
-        row = self.ledger.experiment(eid)
+        row = self.ledger.recorded_experiment(eid)
         if status != "ok" and not is_baseline and role != "reference":
             self._after_failure(c, row, confirm_of)
         return self._result(c, row)
@@ -848,14 +851,14 @@ class Engine:
                 nxt = "Discarded: train.py is back at the best version. Note the dead end, then try something else."
             self._maybe_plateau(c)
             self._record_if_budget_spent(c)
-            c = self.ledger.campaign(c["id"])
+            c = self.ledger.recorded_campaign(c["id"])
             best_after, _ = self.best(c)
             lo, hi = verdict.paired_interval(diffs, sig)
             return ScoreResult(experiment_id=exp["id"], verdict=v.kind, gain=round(v.gain, 6),
                                threshold=round(v.threshold, 6), sigma=round(sig, 6), samples=samples,
                                best_val_bpb=best_after, best_commit=c["best_commit"][:10], reason=v.reason,
                                pairs=pairs, interval=(round(lo, 6), round(hi, 6)), early_stop=v.early_stop,
-                               mde=round(verdict.mde(sig, noise, noise.baseline_seeds), 6), next_step=nxt)
+                               mde=round(verdict.achieved_mde(sig, noise), 6), next_step=nxt)
 
     def _record_keep(self, c: dict, exp: dict, v: verdict.Verdict, samples: list[float], previous: float,
                      sig: float) -> None:
@@ -885,7 +888,7 @@ class Engine:
                 raise LoopError(f"experiment {experiment_id} does not exist in this campaign; "
                                 "state_read(view='history') lists experiment ids")
             if exp["confirm_of"] is not None:
-                exp = self.ledger.experiment(exp["confirm_of"])
+                exp = self.ledger.recorded_experiment(exp["confirm_of"])
         if exp["is_baseline"]:
             raise LoopError(f"experiment {exp['id']} is a baseline run; baselines are not scored")
         if exp["status"] != "ok":
@@ -951,6 +954,7 @@ class Engine:
             c = self.campaign
             if to is None:
                 commit, eid = c["best_commit"], c["best_experiment_id"]
+                moves_branch = True
             else:
                 exp = self.ledger.experiment(_experiment_id(to, "to"))
                 if exp is None or exp["campaign_id"] != c["id"]:
@@ -959,12 +963,13 @@ class Engine:
                     raise LoopError(f"experiment {to} has verdict {exp['verdict']!r}; revert goes to the best, a kept "
                                     "experiment, a baseline, or a pending retest")
                 commit, eid = exp["commit_sha"], exp["id"]
+                moves_branch = exp["verdict"] == "retest"
             # an uncommitted edit (not in HEAD, not what the revert puts there) is saved before it is overwritten
             now, head, target = self._tree_files(), self._files_at(gitops.head_sha(self.ws.root)), self._files_at(commit)
             lost = {rel: data for rel, data in now.items() if data is not None and data != head[rel]
                     and data != target[rel]}
             backup = self.save_backup(lost, "before-revert") if lost else None
-            if to is None or commit == c["best_commit"] or exp["verdict"] == "retest":
+            if moves_branch or commit == c["best_commit"]:
                 gitops.reset_to(self.ws.root, commit)   # the branch itself moves (best, or a pending retest)
             else:
                 gitops.checkout_files(self.ws.root, commit, self.ws.cfg.paths.editable)
@@ -1026,7 +1031,7 @@ class Engine:
                "Budget remains: keep going (state_read, edit train.py, run_experiment, score).")
         sd, _ = self.sigma_paired(c)
         noise = self.ws.cfg.noise
-        bar, mde = verdict.bar(sd, noise, noise.baseline_seeds), verdict.mde(sd, noise, noise.baseline_seeds)
+        bar, mde = verdict.keep_bar(sd, noise, noise.baseline_seeds), verdict.achieved_mde(sd, noise)
         runs = self.next_experiment_runs(c)
         if not should_stop:
             left = "" if st.runs_left is None else f" ({st.runs_left} left in the budget)"
@@ -1107,7 +1112,7 @@ class Engine:
                                self.ledger.experiments(c["id"], limit=limit, newest_first=True)]
         elif view == "best":
             if c["best_experiment_id"]:
-                out.best = ExperimentRow.from_row(self.ledger.experiment(c["best_experiment_id"]))
+                out.best = ExperimentRow.from_row(self.ledger.recorded_experiment(c["best_experiment_id"]))
             out.summary = self.summary(c)
         elif view == "notes":
             out.notes = [NoteRow(**_pick(n, NoteRow)) for n in self.ledger.notes(c["id"], limit=limit)]
@@ -1127,9 +1132,12 @@ class Engine:
         return NoiseInfo(baseline_samples=base, baseline_mean=statistics.fmean(base) if base else None, sigma=sig,
                          min_delta=n.min_delta, k_sigma=n.k_sigma, single_run_threshold=verdict.bar(sd, n, 1),
                          sigma_paired=sd, paired_dof=dof, seeds=seeds, seed_set=idx,
-                         keep_threshold=verdict.bar(sd, n, len(seeds)), mde=verdict.mde(sd, n, len(seeds)),
-                         rule=(f"candidates run on the reference's seeds; keep iff mean(candidate - reference) <= "
-                               f"-max({n.min_delta}, {n.k_sigma} * sigma_paired / sqrt(n)); sigma_paired pools "
+                         keep_threshold=verdict.keep_bar(sd, n, len(seeds)), mde=verdict.achieved_mde(sd, n),
+                         rule=("candidates run on the reference's seeds; keep iff mean(candidate - reference) <= "
+                               + (f"-max({n.min_delta}, {n.k_sigma} * sigma_paired / sqrt(n))" if n.pairs == "fixed" else
+                                  f"minus the sequential keep bound after n pairs (adaptive pairs: one more pair while "
+                                  f"the call is close, at most {n.max_pairs})")
+                               + f"; sigma_paired pools "
                                f"{dof} dof of this campaign's pairs with a prior {n.sigma_prior} worth "
                                f"{n.prior_pairs:g} pairs; fresh seed set every {n.rotate_every} candidates"))
 

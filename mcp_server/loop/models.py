@@ -95,7 +95,9 @@ class ExperimentResult(BaseModel):
     baseline: Optional[BaselineInfo] = None
     pairs: list[PairInfo] = Field(default_factory=list, description="seed-matched (candidate, reference) runs")
     reference_runs: int = Field(0, description="runs of the best version made by this call (new seeds)")
-    early_stopped: bool = Field(False, description="clearly worse on the first pair: the rest was not run")
+    early_stopped: bool = Field(False, description=(
+        "the verdict was clear before the seed set ended (clearly worse on the first pair; adaptive pairs: "
+        "either way): the rest was not run"))
     warnings: list[str] = Field(default_factory=list)
     next_step: str
 
