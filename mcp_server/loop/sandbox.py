@@ -575,6 +575,13 @@ def heldout_stdlib_paths() -> list[Path]:
     return out
 
 
+def agent_private_paths(corpus: str, root: Optional[os.PathLike | str] = None) -> list[str]:
+    """What the agent's own shell (the clients' sandboxes) must not read besides the state dirs: the corpus the
+    splits are cut from when it is on disk -- a PATH, or stdlib-hidden's held-out modules, which the agent could
+    otherwise paste into train.py as its training text (the named downloads live in the hidden state)."""
+    return [str(p) for p in _corpus_paths(corpus, root)]
+
+
 def worker_root() -> Path:
     """A worker's private directory (Ray executor): its data cache (data/<sha256>) and the runs' working
     copies (work/). Under the state home, never a temp dir (a node-local scratch TMPDIR sits outside the

@@ -64,8 +64,9 @@ def client_configs(root: Path, python: str, state_dir: Optional[Path] = None,
     on disk is kept from the agent's shell like the state dir. `mcp_url`: the clients reach a running server
     there (the separate-user deployment) instead of starting one."""
     from mcp_server.agents import clients
+    from mcp_server.loop.sandbox import agent_private_paths
 
-    private = [] if corpus in cfgmod.NAMED_CORPORA else [corpus]
+    private = agent_private_paths(corpus, root)
     return clients.workspace_files(root, python, state_dir, wiring, private=private, mcp_url=mcp_url)
 
 
