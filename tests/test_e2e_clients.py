@@ -335,12 +335,17 @@ def test_claude_code_sandbox_denies_the_default_corpus_held_out_modules(tmp_path
     read = f"head -c 64 {module} > /dev/null && echo READ || echo DENIED"
     sb = clients.claude_sandbox(plain_ws, Workspace.open(plain_ws).state_dir, private=held_out)
     short = tempfile.mkdtemp(prefix="lw-", dir="/tmp")   # the sandbox's bridge sockets need a short path
-    run = h.run_claude(plain_ws, [ToolUse("Bash", {"command": read, "description": "read"}), "done"],
-                       plugin_dir=REPO, timeout=240, settings={"sandbox": sb}, run_dir=short,
+    script = [ToolUse("Bash", {"command": read, "description": "read"}),
+              ToolUse("Read", {"file_path": module}),           # its own file tool, outside the sandbox
+              "done"]
+    run = h.run_claude(plain_ws, script, plugin_dir=REPO, timeout=240, run_dir=short,
+                       settings={"sandbox": sb, "permissions": clients.claude_read_denies(held_out)},
                        extra_env={"LOOPWRIGHT_PYTHON": sys.executable, "MCP_CONNECT_TIMEOUT_MS": "60000"})
     run.check(allow_exhausted=True)
-    (attempt,) = run.tool_results()[:1]
-    assert attempt.text.strip().splitlines()[-1] == "DENIED", attempt.text
+    bash, file_read = run.tool_results()[:2]
+    assert bash.text.strip().splitlines()[-1] == "DENIED", bash.text
+    # refused, and mailbox.py's text (it defines class Mailbox) never reached the model
+    assert file_read.is_error and "class Mailbox" not in file_read.text, file_read.text
     assert subprocess.run(["sh", "-c", read], capture_output=True, text=True).stdout.strip() == "READ"
 
 

@@ -207,6 +207,9 @@ def test_the_default_corpus_held_out_modules_are_out_of_the_agents_shell_reach()
     cfgs = client_configs(Path("/ws"), "/usr/bin/python3", STATE, corpus="stdlib-hidden")
     deny = json.loads(cfgs[".claude/settings.json"])["sandbox"]["filesystem"]["denyRead"]
     assert set(held_out) <= set(deny)
+    # and Claude Code's own file tools, which its sandbox does not cover: Read(//abs/path) rules
+    rules = json.loads(cfgs[".claude/settings.json"])["permissions"]["deny"]
+    assert {f"Read(/{p})" for p in held_out} <= set(rules) and all(r.startswith("Read(//") for r in rules)
     fs = tomllib.loads(cfgs[".codex/config.toml"])["permissions"]["loopwright"]["filesystem"]
     assert {p: fs.get(p) for p in held_out} == dict.fromkeys(held_out, "deny")
 
