@@ -13,6 +13,7 @@ from test_executors import STEPS
 from mcp_server.executors.base import RunOutcome, RunSpec
 from mcp_server.loop import asyncrun
 from mcp_server.loop.engine import Engine
+from mcp_server.loop.errors import LoopError
 
 from conftest import hobbled_bench, make_workspace, set_constant
 
@@ -106,6 +107,7 @@ _CRASHING_DRIVER = r'''
 import sys, time
 from mcp_server.loop import asyncrun
 from mcp_server.loop.engine import Engine
+from mcp_server.loop.errors import LoopError
 
 class Hang:
     """Takes runs and never finishes them (the driver is killed with -9 meanwhile)."""
@@ -168,6 +170,28 @@ def test_a_dead_drivers_runs_are_left_to_the_next_driver_not_read_only_opens(tmp
             new = eng.ledger.experiment(int(old["reason"].rsplit("#", 1)[1]))
             assert new["status"] == "ok" and new["seed"] == old["seed"]
         assert res.results[0].status == "ok" and eng.ledger.inflight() == []
+    finally:
+        asyncrun.close_driver(eng)
+        eng.close()
+
+
+def test_submit_records_the_structured_change_and_refuses_one_train_py_does_not_show(tmp_path, small_corpus,
+                                                                                     instant):
+    ws = make_workspace(tmp_path / "ws", small_corpus, bench_dir=hobbled_bench(tmp_path / "bench"), **STEPS)
+    eng = Engine(ws.root)
+    try:
+        base = eng.submit_experiment("baseline")
+        eng.wait([base.experiment_id], timeout=30)
+        set_constant(ws.root / "train.py", "LR", "0.004")            # the hobbled bench has 0.0002
+        n = eng.ledger.count_experiments(eng.campaign["id"])
+        with pytest.raises(LoopError, match="change says LR 0.0002 -> 0.008"):
+            eng.submit_experiment("normal learning rate", change={"name": "LR", "old": 0.0002, "new": 0.008})
+        assert eng.ledger.count_experiments(eng.campaign["id"]) == n     # nothing queued
+        good = eng.submit_experiment("normal learning rate", change={"name": "LR", "old": 0.0002, "new": 0.004})
+        eng.wait([good.experiment_id], timeout=30)
+        cand = eng.ledger.experiment(good.experiment_id)
+        assert cand["change"] == {"name": "LR", "old": 0.0002, "new": 0.004}
+        assert all(r["change"] is None for r in eng.ledger.confirm_runs(cand["id"]))   # the pair runs: the candidate's
     finally:
         asyncrun.close_driver(eng)
         eng.close()

@@ -57,9 +57,9 @@ def test_a_lock_written_before_later_frozen_fields_existed_still_matches_after_a
         cfg = parse_config(text)
         assert old_hash(cfg, missing) in cfg.frozen_hashes(), missing
     # the newest field set away from its default: no older lock can match, and a changed value never does
-    assert LATE_FROZEN_FIELDS[-1] == ("noise", "first_seed")
-    cfg = parse_config(full.replace("first_seed = 1001", "first_seed = 5001"))
-    assert cfg.noise.first_seed == 5001 and cfg.frozen_hashes() == {cfg.frozen_hash()}
+    assert LATE_FROZEN_FIELDS[-1] == ("noise", "max_pairs")
+    cfg = parse_config(full.replace("max_pairs = 6", "max_pairs = 5"))
+    assert cfg.noise.max_pairs == 5 and cfg.frozen_hashes() == {cfg.frozen_hash()}
     assert LoopwrightConfig().frozen_hash() not in cfg.frozen_hashes()
     changed = parse_config(full.replace("time_budget = 30.0", "time_budget = 31.0"))
     assert not LoopwrightConfig().frozen_hashes() & changed.frozen_hashes()
@@ -110,6 +110,8 @@ def test_ledger_wal_and_migrations(tmp_path):
     raw.execute("DROP TABLE inflight")
     raw.execute("DROP TABLE seed_set_seeds")                         # undo migration 13 (seed sets)
     raw.execute("DROP TABLE seed_sets")
+    for col in ("change_name", "change_old", "change_new"):           # undo migration 14 (structured changes)
+        raw.execute(f"ALTER TABLE experiments DROP COLUMN {col}")
     raw.execute("PRAGMA user_version = 1")
     raw.commit()
     raw.close()

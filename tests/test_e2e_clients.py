@@ -319,6 +319,37 @@ def test_claude_code_sandbox_keeps_a_hook_allowed_bash_write_out_of_the_state_di
 
 
 @pytest.mark.timeout(300)
+def test_claude_code_sandbox_denies_the_default_corpus_held_out_modules(tmp_path, plain_ws):
+    """The default corpus's val/test are standard-library modules; the sandbox init writes for it keeps the
+    agent's Bash from reading them (to paste into train.py as training text). The same read outside works."""
+    import subprocess
+    import tempfile
+
+    from mcp_server.agents import clients
+    from mcp_server.loop import sandbox
+    from mcp_server.loop.workspace import Workspace
+
+    h.require_binary("claude")
+    held_out = sandbox.agent_private_paths("stdlib-hidden")
+    module = next(p for p in held_out if p.endswith("/mailbox.py"))
+    read = f"head -c 64 {module} > /dev/null && echo READ || echo DENIED"
+    sb = clients.claude_sandbox(plain_ws, Workspace.open(plain_ws).state_dir, private=held_out)
+    short = tempfile.mkdtemp(prefix="lw-", dir="/tmp")   # the sandbox's bridge sockets need a short path
+    script = [ToolUse("Bash", {"command": read, "description": "read"}),
+              ToolUse("Read", {"file_path": module}),           # its own file tool, outside the sandbox
+              "done"]
+    run = h.run_claude(plain_ws, script, plugin_dir=REPO, timeout=240, run_dir=short,
+                       settings={"sandbox": sb, "permissions": clients.claude_read_denies(held_out)},
+                       extra_env={"LOOPWRIGHT_PYTHON": sys.executable, "MCP_CONNECT_TIMEOUT_MS": "60000"})
+    run.check(allow_exhausted=True)
+    bash, file_read = run.tool_results()[:2]
+    assert bash.text.strip().splitlines()[-1] == "DENIED", bash.text
+    # refused, and mailbox.py's text (it defines class Mailbox) never reached the model
+    assert file_read.is_error and "class Mailbox" not in file_read.text, file_read.text
+    assert subprocess.run(["sh", "-c", read], capture_output=True, text=True).stdout.strip() == "READ"
+
+
+@pytest.mark.timeout(300)
 def test_reviewer_subagent_can_call_the_loopwright_tools_it_is_told_to_use(tmp_path, small_corpus):
     """Issue 15 item 6: the plugin's reviewer agent calls state_read as its instructions say (before, its
     `tools:` granted no MCP tool and the call failed with "No such tool available")."""

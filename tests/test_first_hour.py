@@ -360,7 +360,8 @@ def test_init_and_doctor_say_the_stdlib_corpus_cannot_stop_a_memorising_train_py
     interpreter's own sources and memorised (a forged keep). No sandbox that runs Python hides them; a
     user must hear it where the corpus is chosen, and again from doctor."""
     cli = [sys.executable, "-m", "mcp_server.cli"]
-    r = subprocess.run([*cli, "init", str(tmp_path / "ws")], capture_output=True, text=True, timeout=300)
+    r = subprocess.run([*cli, "init", str(tmp_path / "ws"), "--corpus", "stdlib"], capture_output=True, text=True,
+                       timeout=300)   # an option now; the default, stdlib-hidden, hides its val/test modules
     assert r.returncode == 0, r.stderr
     assert "note: the stdlib corpus is for trying loopwright" in r.stdout and "--corpus PATH" in r.stdout
     r = subprocess.run([*cli, "doctor", "--skip-server", "-w", str(tmp_path / "ws")], capture_output=True,

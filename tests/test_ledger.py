@@ -151,3 +151,51 @@ def test_the_engine_rotates_seed_sets_through_the_table(tmp_path, small_corpus):
         assert eng.seed_set(c, rotate=True) == (1, [1003, 1004])
         assert eng.ledger.seed_set(c["id"]) == SeedSet(1, (1003, 1004), 2)
         assert eng.seed_set(c, rotate=True) == (1, [1003, 1004])
+
+
+def test_changes_are_stored_typed_and_an_old_builtin_ledger_gets_them_from_its_descriptions(tmp_path):
+    """Migration 14 adds the change columns; candidates the built-in agent described before ("LR 0.004 ->
+    0.008") get their change once, so a resumed session learns from them; other rows get none."""
+    saved = list(store.MIGRATIONS)
+    try:
+        store.MIGRATIONS[:] = saved[:13]
+        with Ledger(tmp_path / "s.db") as led:
+            cid = led.create_campaign("t", "loopwright/t", "c0")
+            base = led.start_experiment(cid, "baseline (seed run 1/2, seed 1001)", is_baseline=1, status="ok")
+            lr = led.start_experiment(cid, "LR 0.004 -> 0.008", status="ok", verdict="discard", val_bpb=2.0)
+            off = led.start_experiment(cid, "GRAD_CLIP 1.0 -> 0 (off)", status="crash")
+            flip = led.start_experiment(cid, "QK_NORM False -> True", status="ok", verdict="keep")
+            pair = led.start_experiment(cid, "QK_NORM False -> True [seed 1002]", confirm_of=flip, status="ok")
+            prose = led.start_experiment(cid, "try a wider model", status="ok")
+            odd = led.start_experiment(cid, "LR x -> y", status="ok")
+            before = {e: led.experiment(e) for e in (base, lr, off, flip, pair, prose, odd)}
+    finally:
+        store.MIGRATIONS[:] = saved
+    with Ledger(tmp_path / "s.db") as led:
+        assert led.schema_version == len(saved)
+        got = {e: led.experiment(e) for e in before}
+        for e, row in got.items():   # every recorded column is as it was
+            assert before[e]["change"] is None
+            assert {k: v for k, v in row.items() if k != "change"} == {k: v for k, v in before[e].items()
+                                                                        if k != "change"}
+        assert got[lr]["change"] == {"name": "LR", "old": 0.004, "new": 0.008}
+        assert got[off]["change"] == {"name": "GRAD_CLIP", "old": 1.0, "new": 0}
+        assert got[flip]["change"]["new"] is True
+        assert [got[e]["change"] for e in (base, pair, prose, odd)] == [None] * 4
+        # a new row stores its change with the value types it was given
+        e = led.start_experiment(cid, "anything", change={"name": "D_MODEL", "old": 64, "new": 128})
+        assert led.experiment(e)["change"] == {"name": "D_MODEL", "old": 64, "new": 128}
+        assert type(led.experiment(e)["change"]["new"]) is int
+        with pytest.raises(LedgerError, match="a change is {name, old, new}"):
+            led.start_experiment(cid, "bad", change={"name": "LR", "to": 1})
+
+
+def test_recorded_rows_are_rows_or_a_ledger_error_never_none(tmp_path):
+    with Ledger(tmp_path / "s.db") as led:
+        cid, ids = _campaign(led)
+        assert led.recorded_experiment(ids["kept"])["description"] == "kept"
+        assert led.recorded_campaign(cid)["tag"] == "t"
+        with pytest.raises(LedgerError, match="experiment 999 is not in the ledger"):
+            led.recorded_experiment(999)
+        with pytest.raises(LedgerError, match="campaign 999 is not in the ledger"):
+            led.recorded_campaign(999)

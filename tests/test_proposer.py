@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mcp_server.agents.builtin import Planner, divisibility_constraints, moves, parse_description, satisfies, set_constant
+from mcp_server.agents.builtin import Planner, divisibility_constraints, moves, satisfies, set_constant
 from mcp_server.mechanisms.source import constant_values, tunable_constants
 
 from conftest import BENCH, REPO, hobbled_bench, make_workspace
@@ -63,8 +63,8 @@ def test_set_constant_errors_are_clear():
 
 def test_divisibility_constraints_from_comments_and_through_calls():
     assert ("D_MODEL", "N_HEAD") in divisibility_constraints(TRAIN)
-    # without the comment, the call GPT(..., D_MODEL, ..., N_HEAD) and `d // n_head` inside still say so
-    bare = TRAIN.replace("(head dim = D_MODEL // N_HEAD)", "")
+    # without the comments, the call GPT(..., D_MODEL, ..., N_HEAD) and `d // n_head` inside still say so
+    bare = re.sub(r"#[^\n]*", "", TRAIN)
     assert "D_MODEL // N_HEAD" not in bare
     assert ("D_MODEL", "N_HEAD") in divisibility_constraints(bare)
     assert satisfies({"D_MODEL": 128, "N_HEAD": 8}, {("D_MODEL", "N_HEAD")})
@@ -168,11 +168,10 @@ def test_planner_exhausts_a_tiny_space():
     assert sorted(got) == ["FLAG False -> True", "N 1 -> 2"]
 
 
-def test_parse_description():
-    assert parse_description("LR 0.004 -> 0.008") == ("LR", 0.004, 0.008)
-    assert parse_description("GRAD_CLIP 1.0 -> 0.0 (off)") == ("GRAD_CLIP", 1.0, 0.0)
-    assert parse_description("QK_NORM False -> True") == ("QK_NORM", False, True)
-    assert parse_description("try a wider model") is None
+def test_an_edit_is_its_structured_change_and_a_change_replays_into_the_planner():
+    edit = Planner(0, expert=()).propose(TRAIN, preferred=["LR"])
+    assert edit is not None and edit.change() == {"name": edit.name, "old": edit.old, "new": edit.new}
+    assert edit.description.startswith(f"{edit.name} ")        # the prose is for people; nothing reads it back
     p = Planner(0)
     p.observe("LR", 0.004, 0.008, "discard")
     assert "up" in p.params["LR"].failed
@@ -196,7 +195,7 @@ def test_run_builtin_over_stdio(tmp_path: Path, small_corpus):
         assert len(base) == 2 and all(r["status"] == "ok" for r in base)
         assert len(cand) == 2
         for r in cand:
-            assert parse_description(r["description"]) is not None, r["description"]
+            assert r["change"] and r["description"].startswith(r["change"]["name"] + " "), r
             assert r["verdict"] in ("keep", "discard"), r   # scored (retests were confirmed)
             assert r["hypothesis"]
         # the file on disk is the best version, committed
@@ -444,10 +443,18 @@ async def test_agent_records_crashes_and_resumes(tmp_path, small_corpus, monkeyp
         notes = eng.ledger.notes(eng.campaign["id"])
         assert any(n["kind"] == "dead_end" and "D_MODEL 64 -> 128" in n["text"] and n["experiment_id"]
                    == crash.experiment_id for n in notes)
+        # the structured change is on record; the description is free text (rewritten here: the next session
+        # must rebuild its plan from the change, not from the prose)
+        cands = eng.ledger.candidates(eng.campaign["id"])
+        assert sorted((r["change"]["old"], r["change"]["new"]) for r in cands) == [(64, 32), (64, 128)]
+        assert all(r["change"]["name"] == "D_MODEL" for r in cands)
+        for r in cands:
+            eng.ledger.update_experiment(r["id"], description=f"an experiment #{r['id']}")
     # a new session replays the history: both x2 steps failed, so it tries a smaller step, not a repeat
-    a2, _, _ = await _agent_session(ws, _Scripted(["D_MODEL"], seed=3), n=1, mechanisms=False)
+    a2, _, events2 = await _agent_session(ws, _Scripted(["D_MODEL"], seed=3), n=1, mechanisms=False)
     assert a2.attempts[0].description.startswith("D_MODEL 64 -> ")
     assert a2.attempts[0].description not in by_desc
+    assert not [d for kind, d in events2 if kind == "skip"]     # it knew; the server did not have to refuse a repeat
 
 
 async def test_agent_stops_on_budget_and_deadline(tmp_path, small_corpus, monkeypatch):

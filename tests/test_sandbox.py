@@ -615,7 +615,7 @@ def test_an_unsandboxed_experiment_is_on_the_record(real_ws, monkeypatch):
     eng = Engine(real_ws.root)
     c = eng.campaign
     res = eng._execute(c, "unsandboxed baseline", None, c["best_commit"], c["best_commit"], None, None,
-                       is_baseline=True)
+                       seed=1, is_baseline=True)
     row = eng.ledger.experiment(res.experiment_id)
     assert json.loads(row["metrics_json"])["sandboxed"] == 0
     assert eng.ledger.events(c["id"], kind="unsafe_no_sandbox")

@@ -197,6 +197,52 @@ def _cannot_sandbox(stderr: str) -> bool:
                                      "setting up uid map", "unshare failed"))
 
 
+def test_the_default_corpus_held_out_modules_are_out_of_the_agents_shell_reach():
+    """stdlib-hidden's val/test are standard-library modules: the agent's shell could read them and paste them
+    into train.py as training text, so both clients' sandboxes deny them as they deny a corpus on disk."""
+    from mcp_server.loop import sandbox
+
+    held_out = sandbox.agent_private_paths("stdlib-hidden")
+    assert any(p.endswith("/xmlrpc") for p in held_out) and any(p.endswith("/mailbox.py") for p in held_out)
+    cfgs = client_configs(Path("/ws"), "/usr/bin/python3", STATE, corpus="stdlib-hidden")
+    deny = json.loads(cfgs[".claude/settings.json"])["sandbox"]["filesystem"]["denyRead"]
+    assert set(held_out) <= set(deny)
+    # and Claude Code's own file tools, which its sandbox does not cover: Read(//abs/path) rules
+    rules = json.loads(cfgs[".claude/settings.json"])["permissions"]["deny"]
+    assert {f"Read(/{p})" for p in held_out} <= set(rules) and all(r.startswith("Read(//") for r in rules)
+    fs = tomllib.loads(cfgs[".codex/config.toml"])["permissions"]["loopwright"]["filesystem"]
+    assert {p: fs.get(p) for p in held_out} == dict.fromkeys(held_out, "deny")
+
+
+@pytest.mark.realclient
+@pytest.mark.timeout(300)
+def test_codex_sandbox_denies_the_default_corpus_held_out_modules(tmp_path):
+    """The real Codex sandbox with the profile init writes for the default corpus: a held-out module's source
+    cannot be read (and the same read outside the sandbox works, so it was the sandbox)."""
+    import sys
+
+    from mcp_server.loop import sandbox
+
+    from realclients import harness as h
+
+    exe = h.require_binary("codex")
+    ws, state = tmp_path / "ws", tmp_path / "state" / "ws-1"
+    ws.mkdir()
+    subprocess.run(["git", "init", "-q", str(ws)], check=True)
+    cfgs = client_configs(ws, sys.executable, state, corpus="stdlib-hidden")
+    (ws / ".codex").mkdir()
+    (ws / ".codex" / "config.toml").write_text(cfgs[".codex/config.toml"])
+    profile = tomllib.loads(cfgs[".codex/config.toml"])["default_permissions"]
+    module = next(p for p in sandbox.agent_private_paths("stdlib-hidden") if p.endswith("/mailbox.py"))
+    read = f"head -c 64 {module} > /dev/null && echo READ || echo DENIED"
+    r = subprocess.run([exe, "sandbox", "-P", profile, "-C", str(ws), "--", "sh", "-c", read],
+                       env=_codex_env(tmp_path, ws), capture_output=True, text=True, timeout=120)
+    if r.returncode != 0 and _cannot_sandbox(r.stderr):
+        pytest.skip(f"Codex's sandbox cannot run on this machine: {r.stderr.strip()[-400:]}")
+    assert r.stdout.strip().splitlines()[-1] == "DENIED", r.stdout + r.stderr
+    assert subprocess.run(["sh", "-c", read], capture_output=True, text=True).stdout.strip() == "READ"
+
+
 def _probe_results(r: subprocess.CompletedProcess) -> dict:
     if r.returncode != 0 and _cannot_sandbox(r.stderr):
         pytest.skip(f"Codex's sandbox cannot run on this machine: {r.stderr.strip()[-400:]}")

@@ -32,7 +32,7 @@ enforce from outside for the active clock; summary keys `clock:`,
 `budget_used:`, `cpu_seconds:`, `num_steps:`, `total_tokens_M:`; progress lines
 `step=N loss=L elapsed=E remaining=R` (E, R on the budget clock).
 
-    python prepare.py prepare  [--corpus stdlib|tinystories|climbmix|PATH] [--tokenizer byte|bpe] [--data-dir D]
+    python prepare.py prepare  [--corpus stdlib-hidden|stdlib|tinystories|climbmix|PATH] [--tokenizer byte|bpe] [--data-dir D]
     python prepare.py verify   [--data-dir D]
     python prepare.py evaluate MODEL.pt2 [--data-dir D]
     python prepare.py limits                  # {"clock": ..., "hard_limit_seconds": ...} as JSON
@@ -118,7 +118,7 @@ BUDGET_TOKENS = 204_800     # training tokens per run on the steps clock (100 st
 GRACE_SECONDS = 60.0        # what the runner allows beyond the budget before its hard kill
 SEQ_LEN = 256               # context length; the exported model takes (B_EVAL, SEQ_LEN)
 EVAL_TOKENS = 131072        # target tokens scored on val (and on test), in windows spread over the split
-CORPUS = "stdlib"           # stdlib | tinystories | climbmix | a path
+CORPUS = "stdlib-hidden"    # stdlib-hidden | stdlib | tinystories | climbmix | a path
 TOKENIZER = "byte"          # byte | bpe
 
 B_EVAL = 8                  # batch size of the exported evaluation graph
@@ -126,6 +126,13 @@ VAL_PERCENT = 5             # documents with sha256(name) % 100 < 5 -> val
 TEST_PERCENT = 5            # next 5 % -> test, the rest -> train
 STDLIB_MAX_BYTES = 12_000_000    # cap on the stdlib corpus (sorted files, then pydoc topics)
 MAX_CORPUS_BYTES = 200_000_000   # cap on any other corpus
+# stdlib-hidden: val/test are these standard-library modules and packages (cut into HELDOUT_PIECE_BYTES
+# documents, half to each split), train is the rest of the stdlib. Training imports none of them (numpy,
+# torch and this file do not either), so train.py's sandbox masks their sources and caches in every Python
+# installation it can find (mcp_server/loop/sandbox.py): a train.py cannot rebuild val/test from them.
+HELDOUT_STDLIB = ("xmlrpc", "wsgiref", "curses", "dbm", "mailbox", "imaplib", "smtplib", "ftplib", "poplib",
+                  "nntplib", "telnetlib")   # packages (folders) or modules (NAME.py); absent ones are skipped
+HELDOUT_PIECE_BYTES = 4096
 STDLIB_SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test",
                     "encodings", "pydoc_data"}  # tests/codec tables are not prose-like code; topics added separately
 TEXT_PIECE_BYTES = 16_384   # a single text file is cut into documents of about this size (at line ends)
@@ -192,19 +199,43 @@ def _file_text(path):
         return None
 
 
-def _stdlib_docs():
+def _stdlib_docs(skip=()):
+    """Every .py of the standard library (sorted), then the pydoc topics; top-level names in `skip` left out."""
     import sysconfig
     root = sysconfig.get_paths()["stdlib"]
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in STDLIB_SKIP_DIRS)  # sorted => deterministic
+        top = dirpath == root
+        dirnames[:] = sorted(d for d in dirnames if d not in STDLIB_SKIP_DIRS and not (top and d in skip))
         for fn in sorted(filenames):
-            if fn.endswith(".py"):
+            if fn.endswith(".py") and not (top and fn[:-3] in skip):
                 text = _file_text(os.path.join(dirpath, fn))
                 if text:
                     yield os.path.relpath(os.path.join(dirpath, fn), root).replace(os.sep, "/"), text
     import pydoc_data.topics
     for key in sorted(pydoc_data.topics.topics):
         yield "pydoc:" + key, pydoc_data.topics.topics[key]
+
+
+def _heldout_docs():
+    """stdlib-hidden's val/test text: the HELDOUT_STDLIB sources, in pieces named heldout:<path>#<i>."""
+    import sysconfig
+    root = sysconfig.get_paths()["stdlib"]
+    for mod in HELDOUT_STDLIB:
+        base = os.path.join(root, mod)
+        files = [base + ".py"] if os.path.isfile(base + ".py") else []
+        for dirpath, dirnames, filenames in os.walk(base):
+            dirnames[:] = sorted(d for d in dirnames if d not in STDLIB_SKIP_DIRS)
+            files += [os.path.join(dirpath, fn) for fn in sorted(filenames) if fn.endswith(".py")]
+        for path in files:
+            text = _file_text(path)
+            if text:
+                rel = os.path.relpath(path, root).replace(os.sep, "/")
+                yield from _pieces("heldout:" + rel, text, HELDOUT_PIECE_BYTES)
+
+
+def _stdlib_hidden_docs():
+    yield from _heldout_docs()
+    yield from _stdlib_docs(skip=HELDOUT_STDLIB)
 
 
 def _pieces(name, text, size=TEXT_PIECE_BYTES):
@@ -234,7 +265,8 @@ def _path_docs(path):
         yield from _pieces(os.path.basename(path), text)
         return
     if not os.path.isdir(path):
-        raise DataError(f"corpus {path!r} is neither stdlib|tinystories|climbmix nor an existing file or folder")
+        raise DataError(f"corpus {path!r} is neither stdlib-hidden|stdlib|tinystories|climbmix nor an existing "
+                        "file or folder")
     for dirpath, dirnames, filenames in os.walk(path):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         for fn in sorted(filenames):
@@ -305,7 +337,9 @@ def _climbmix_docs(raw_dir, checksums):
 
 def iter_documents(corpus, raw_dir, checksums):
     """(name, text) pairs, in a deterministic order, capped in total UTF-8 bytes."""
-    if corpus == "stdlib":
+    if corpus == "stdlib-hidden":
+        docs, cap = _stdlib_hidden_docs(), STDLIB_MAX_BYTES   # the held-out pieces come first: never capped
+    elif corpus == "stdlib":
         docs, cap = _stdlib_docs(), STDLIB_MAX_BYTES
     elif corpus == "tinystories":
         docs, cap = _tinystories_docs(raw_dir, checksums), MAX_CORPUS_BYTES
@@ -323,9 +357,12 @@ def iter_documents(corpus, raw_dir, checksums):
         yield name, text
 
 
-def split_of(name):
-    """train / val / test by a hash of the document name: stable under corpus growth."""
+def split_of(name, corpus=None):
+    """train / val / test by a hash of the document name: stable under corpus growth. stdlib-hidden: its
+    held-out pieces go to val or test (half each, by the hash), everything else to train."""
     h = int.from_bytes(hashlib.sha256(name.encode("utf-8")).digest()[:8], "big") % 100
+    if corpus == "stdlib-hidden":
+        return ("val" if h % 2 == 0 else "test") if name.startswith("heldout:") else "train"
     if h < VAL_PERCENT:
         return "val"
     return "test" if h < VAL_PERCENT + TEST_PERCENT else "train"
@@ -403,7 +440,7 @@ def load_meta(data_dir=None):
 def prepare_data(corpus=None, data_dir=None, tokenizer=None, quiet=False):
     """Build train/val/test .bin (uint16 little endian) + meta.json; returns meta."""
     corpus, data_dir, tokenizer = corpus or CORPUS, data_dir or DATA_DIR, tokenizer or TOKENIZER
-    if corpus not in ("stdlib", "tinystories", "climbmix"):
+    if corpus not in ("stdlib-hidden", "stdlib", "tinystories", "climbmix"):
         corpus = os.path.abspath(corpus)
     os.makedirs(data_dir, exist_ok=True)
     try:
@@ -412,7 +449,7 @@ def prepare_data(corpus=None, data_dir=None, tokenizer=None, quiet=False):
         checksums = {}
     docs = {s: [] for s in SPLITS}
     for name, text in iter_documents(corpus, os.path.join(data_dir, "raw"), checksums):
-        docs[split_of(name)].append(text)
+        docs[split_of(name, corpus)].append(text)
     if tokenizer == "byte":
         tok = ByteTokenizer()
     elif tokenizer == "bpe":
@@ -441,8 +478,11 @@ def prepare_data(corpus=None, data_dir=None, tokenizer=None, quiet=False):
         files[token_bytes] = _sha256_file(os.path.join(data_dir, token_bytes))
     meta = {"tokenizer": tokenizer, "vocab_size": tok.vocab_size, "corpus": corpus, "files": files,
             "token_bytes": token_bytes, "separator": int(tok.sep), "splits": stats,
-            "split_rule": f"sha256(name) % 100: < {VAL_PERCENT} val, < {VAL_PERCENT + TEST_PERCENT} test, else train",
-            "python": sys.version.split()[0] if corpus == "stdlib" else None, "downloads": checksums}
+            "split_rule": (f"held-out stdlib ({', '.join(HELDOUT_STDLIB)}): sha256(name) even val, odd test; "
+                           "the rest train") if corpus == "stdlib-hidden" else
+                          f"sha256(name) % 100: < {VAL_PERCENT} val, < {VAL_PERCENT + TEST_PERCENT} test, else train",
+            "python": sys.version.split()[0] if corpus in ("stdlib", "stdlib-hidden") else None,
+            "downloads": checksums}
     tmp = _meta_path(data_dir) + ".tmp"
     with open(tmp, "w") as f:
         json.dump(meta, f, indent=1, sort_keys=True)
@@ -1586,7 +1626,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description="loopwright GPT benchmark: data, verification, evaluation")
     sub = p.add_subparsers(dest="cmd", required=True)
     pp = sub.add_parser("prepare", help="build the data (train/val/test .bin + meta.json)")
-    pp.add_argument("--corpus", default=CORPUS, help="stdlib | tinystories | climbmix | PATH (folder or text file)")
+    pp.add_argument("--corpus", default=CORPUS,
+                    help="stdlib-hidden | stdlib | tinystories | climbmix | PATH (folder or text file)")
     pp.add_argument("--tokenizer", default=TOKENIZER, choices=["byte", "bpe"])
     pv = sub.add_parser("verify", help="check the data against the hashes in meta.json")
     pe = sub.add_parser("evaluate", help="score an exported model; prints one JSON line")

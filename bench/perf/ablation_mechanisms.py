@@ -2,6 +2,7 @@
 
     python bench/perf/ablation_mechanisms.py                      # 8 repeats x 2 arms x 10 experiments
     python bench/perf/ablation_mechanisms.py --repeats 3 -n 4 --out results.json   # a smaller scale
+    python bench/perf/ablation_mechanisms.py --tiny    # a smoke run: 1 repeat, 1 experiment, 2 steps, 1 seed
 
 Verdicts are the loop's paired ones (mcp_server/loop/verdict.py): every candidate runs on the
 reference's seed set and is kept on the paired differences, so an experiment costs
@@ -29,6 +30,7 @@ budget, 60 s, is then only a cap), and the copy trains on one torch thread
 """
 import argparse
 import json
+import os
 import re
 import shutil
 import statistics
@@ -43,6 +45,9 @@ sys.path.insert(0, str(REPO))
 from mcp_server.agents.builtin import Planner, run_builtin, set_constant  # noqa: E402
 from mcp_server.loop.setup import init_workspace  # noqa: E402
 from mcp_server.loop.workspace import bench_source_dir  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import tiny  # noqa: E402
 
 
 def bench_copy(dest: Path, steps: int, batch: int | None, threads: int) -> Path:
@@ -70,6 +75,8 @@ def campaign(tmp: Path, args, mechanisms: bool, repeat: int) -> dict:
                  # runs: baseline seeds, each candidate on the seed set, confirm pairs, seed-set re-measures
                  "budget": {"max_experiments": 3 * args.baseline_seeds + (args.baseline_seeds + 2) * args.n,
                             "max_hours": 10.0}}
+    if args.tiny:   # the baseline run and one candidate run, no confirm pair: a smoke run stays two runs long
+        overrides["budget"]["max_experiments"] = 2
     t0 = time.monotonic()
     init_workspace(root, tag=tag, corpus=args.corpus, time_budget=args.time_budget, overrides=overrides,
                    bench_dir=bench_copy(tmp / f"bench-{tag}", args.steps, args.batch, args.threads))
@@ -185,10 +192,21 @@ def add_campaign_args(p: argparse.ArgumentParser) -> None:
                    help="number of the first repeat (its agent seed): two invocations with --first-repeat 0 and 4 "
                         "run repeats 0-3 and 4-7 side by side, one core each, and --summarise pairs them")
     p.add_argument("--keep-workspaces", action="store_true")
+    p.add_argument("--tiny", action="store_true",
+                   help="a smoke run: one repeat of one experiment per arm, 2 training steps, one seed, a tiny corpus "
+                        "and a 1,024-token evaluation (seconds per run; the figures mean nothing)")
     p.add_argument("--no-expert-first", action="store_true",
                    help="the built-in agent without its fixed opening moves (EXPERT_FIRST: the same edits in the "
                         "same order in every arm and repeat, whatever the mechanisms say); with them the arms "
                         "cannot differ before experiment len(EXPERT_FIRST) + 1")
+
+
+def apply_tiny(args, tmp: Path) -> None:
+    """--tiny: the smallest campaign that still runs every step of the script (smoke, not a measurement)."""
+    if args.tiny:
+        args.repeats, args.n, args.steps, args.baseline_seeds = 1, 1, 2, 1
+        args.eval_tokens, args.time_budget = tiny.BENCHMARK["eval_tokens"], tiny.BENCHMARK["time_budget"]
+        args.corpus = str(tiny.tiny_corpus(tmp / "corpus"))
 
 
 def run_arms(tmp: Path, args, arms, campaign, runs: list, extra=None) -> None:
@@ -219,6 +237,9 @@ def main() -> int:
         p.error("--repeats and -n must be >= 1, --first-repeat >= 0")
 
     tmp = Path(tempfile.mkdtemp(prefix="loopwright-ablation-"))
+    # state directories under the run's own folder (removed with it), unless the caller chose a home
+    os.environ.setdefault("LOOPWRIGHT_HOME", str(tmp / "home"))
+    apply_tiny(args, tmp)
     runs: list[dict] = []
     t0 = time.monotonic()
     print(f"ablation: {args.repeats} repeats x 2 arms, {args.n} experiments each, time budget {args.time_budget} s, "

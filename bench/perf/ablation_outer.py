@@ -8,6 +8,7 @@
 
     python bench/perf/ablation_outer.py                        # 3 repeats x 3 arms x 12 experiments
     python bench/perf/ablation_outer.py --summarise a.json b.json   # arms run separately, paired by repeat
+    python bench/perf/ablation_outer.py --tiny                 # a smoke run: one outer-arm campaign, 1 experiment
 
 The built-in agent opens every campaign with the same fixed moves (EXPERT_FIRST, 5 of them), which
 ignore suggest_next: with -n 5 or fewer the three arms make identical edits in every repeat.
@@ -37,7 +38,16 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ablation_mechanisms import add_campaign_args, bench_copy, fmt_paired, paired_diffs, paired_stats, planner, run_arms  # noqa: E402
+from ablation_mechanisms import (  # noqa: E402
+    add_campaign_args,
+    apply_tiny,
+    bench_copy,
+    fmt_paired,
+    paired_diffs,
+    paired_stats,
+    planner,
+    run_arms,
+)
 
 from mcp_server.agents.builtin import run_builtin  # noqa: E402
 from mcp_server.loop.setup import init_workspace  # noqa: E402
@@ -59,6 +69,8 @@ def campaign(tmp: Path, args, arm: str, repeat: int) -> dict:
                  # pairs, seed-set re-measures (a budget stop would end one arm's campaign early)
                  "budget": {"max_experiments": 3 * args.baseline_seeds + (args.baseline_seeds + 2) * args.n,
                             "max_hours": 10.0}}
+    if args.tiny:   # the baseline run and one candidate run, as in ablation_mechanisms.py
+        overrides["budget"]["max_experiments"] = 2
     t0 = time.monotonic()
     ws = init_workspace(root, tag=tag, corpus=args.corpus, time_budget=args.time_budget, overrides=overrides,
                         bench_dir=bench_copy(tmp / f"bench-{tag}", args.steps, args.batch, args.threads))
@@ -180,6 +192,8 @@ def main() -> int:
     args = p.parse_args()
     if args.summarise:
         return summarise_files(args.summarise, args.out)
+    if args.tiny:   # one campaign of the arm this script adds; the others are ablation_mechanisms.py's
+        args.arms, args.window = "outer", 2
     arms = [a for a in args.arms.split(",") if a]
     if (args.repeats < 1 or args.n < 1 or args.first_repeat < 0 or args.window < 2
             or not set(arms) <= {a for a, _ in ARMS}):
@@ -188,6 +202,7 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="loopwright-ablation-outer-"))
     # state directories under the run's own folder (removed with it), unless the caller chose a home
     os.environ.setdefault("LOOPWRIGHT_HOME", str(tmp / "home"))
+    apply_tiny(args, tmp)
     runs: list[dict] = []
     t0 = time.monotonic()
     print(f"outer-loop ablation: {args.repeats} repeats x {len(arms)} arms, {args.n} experiments each, window "

@@ -2,6 +2,8 @@
 
     python bench/perf/bench_gpt.py                 # one 30 s run, ~1.5 minutes
     python bench/perf/bench_gpt.py --budget 60 --repeat 2
+    python bench/perf/bench_gpt.py --corpus stdlib --eval-tokens 8192   # the demo's evaluation, the old corpus
+    python bench/perf/bench_gpt.py --tiny          # a smoke run (2 steps, tiny corpus): seconds, no figures
 
 In one run it prints:
 - training throughput (tokens/s over the training loop) and MFU: the model's
@@ -35,6 +37,10 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as train.py and the evalu
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "bench" / "gpt"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import tiny  # noqa: E402
+
 PROGRESS = re.compile(r"^step=(\d+) loss=\S+ elapsed=([0-9.]+) remaining=")
 
 
@@ -57,12 +63,12 @@ def summary(stdout: str) -> dict:
     return out
 
 
-def one_run(ws: Path, prepare, train, budget: float) -> dict:
+def one_run(ws: Path, prepare, train, budget: float, peak_seconds: float = 0.5) -> dict:
     import torch
 
     torch.set_num_threads(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
     load0 = os.getloadavg()[0]
-    peak_before = prepare.measure_matmul_flops(seconds=0.5)
+    peak_before = prepare.measure_matmul_flops(seconds=peak_seconds)
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPWRIGHT_")}
     env.update(LOOPWRIGHT_SEED="0", LOOPWRIGHT_EXPORT_PATH=str(ws / "model.pt2"))
     t0 = time.monotonic()
@@ -70,7 +76,7 @@ def one_run(ws: Path, prepare, train, budget: float) -> dict:
     wall = time.monotonic() - t0
     if proc.returncode != 0:
         raise SystemExit(f"train.py failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
-    peak_after = prepare.measure_matmul_flops(seconds=0.5)
+    peak_after = prepare.measure_matmul_flops(seconds=peak_seconds)
     load1 = os.getloadavg()[0]
     s = summary(proc.stdout)
     peak = max(peak_before, peak_after)
@@ -120,15 +126,26 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--budget", type=float, default=30.0, help="TIME_BUDGET in seconds (default 30)")
     ap.add_argument("--repeat", type=int, default=1)
-    ap.add_argument("--corpus", default="stdlib")
+    ap.add_argument("--corpus", default="stdlib-hidden", help="[benchmark] corpus (default: prepare.py's)")
+    ap.add_argument("--eval-tokens", type=int, default=None,
+                    help="[benchmark] eval_tokens (default: prepare.py's 131,072; the demo's is 8,192)")
     ap.add_argument("--json", type=Path, help="also write the results here")
+    ap.add_argument("--tiny", action="store_true", help="a smoke run: 2 training steps on a tiny corpus, a "
+                    "1,024-token evaluation (seconds; the figures mean nothing)")
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="bench_gpt_") as tmp:
         ws = Path(tmp)
         for name in ("prepare.py", "train.py"):
             shutil.copyfile(BENCH / name, ws / name)
-        (ws / "loopwright.toml").write_text(f"[benchmark]\ntime_budget = {args.budget}\ncorpus = \"{args.corpus}\"\n")
+        if args.tiny:
+            (ws / "train.py").write_text(tiny.tiny_train((ws / "train.py").read_text()))
+            args.budget = tiny.BENCHMARK["time_budget"]
+            toml = tiny.toml_lines(tiny.tiny_corpus(ws / "corpus"))
+        else:
+            toml = [f"time_budget = {args.budget}", f'corpus = "{args.corpus}"']
+            toml += [f"eval_tokens = {args.eval_tokens}"] if args.eval_tokens else []
+        (ws / "loopwright.toml").write_text("\n".join(["[benchmark]", *toml]) + "\n")
         t0 = time.monotonic()
         subprocess.run([sys.executable, str(ws / "prepare.py"), "prepare"], cwd=ws, check=True,
                        capture_output=True, text=True)
@@ -139,10 +156,10 @@ def main() -> None:
         train = load(ws / "train.py", "train_bench")
         print(f"machine: {os.cpu_count()} CPUs, torch {__import__('torch').__version__}, "
               f"budget {args.budget:.0f} s, SEQ_LEN {prepare.SEQ_LEN}, EVAL_TOKENS {prepare.EVAL_TOKENS}; "
-              f"prepare (stdlib corpus, incl. interpreter start) {prep_wall:.1f} s")
+              f"prepare ({'tiny' if args.tiny else args.corpus} corpus, incl. interpreter start) {prep_wall:.1f} s")
         results = []
         for i in range(args.repeat):
-            r = one_run(ws, prepare, train, args.budget)
+            r = one_run(ws, prepare, train, args.budget, 0.05 if args.tiny else 0.5)
             results.append(r)
             print(f"run {i + 1}: "
                   f"tokens/s {r['tokens_per_s']:,.0f} (steady {r['steady_tokens_per_s']:,.0f}) | "

@@ -2,9 +2,13 @@
 
     python bench/perf/bench_loop.py            # all three parts, ~3 minutes on 2 cores
     python bench/perf/bench_loop.py --skip-harness
+    python bench/perf/bench_loop.py --tiny       # a smoke run: one 2-step candidate, 200 rows (no figures)
 
-1. harness overhead per experiment: wall time of run_experiment + score minus the
-   wall time of the two child processes (train.py, the evaluator). Target <= 2 s.
+1. harness overhead per training run: an experiment is several runs (the candidate on every seed of
+   the seed set, confirm pairs, re-measures of the best), each a row in the ledger. Per run, the loop's
+   overhead is the wall time of run_experiment + score minus the train and evaluation wall time of
+   every run that call recorded, divided by the number of those runs. (Taking one run's child
+   processes off the whole call counted the candidate's other paired runs as overhead.) Target <= 2 s.
 2. state_read / budget_check latency with 10,000 experiments in the ledger, as the
    MCP tool handlers run them (engine open + query). Targets p95 <= 50 ms / 20 ms.
 3. MCP round trip over a real stdio subprocess (budget_check), p50 / p95.
@@ -14,6 +18,7 @@ Machines here are noisy: every figure is a median (or p95) from one run.
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -26,6 +31,9 @@ sys.path.insert(0, str(REPO))
 
 from conftest import hobbled_bench, make_small_corpus, make_workspace, set_constant  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import tiny  # noqa: E402
+
 N_LEDGER = 10_000
 N_CALLS = 200
 N_CANDIDATES = 4
@@ -36,24 +44,46 @@ def pct(xs, q):
     return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
 
 
-def harness_overhead(tmp: Path) -> dict:
+def per_run_overhead(call_wall_s: float, runs: list[dict]) -> float:
+    """The loop's own seconds per training run of one call: its wall time minus what every run it
+    recorded spent in train.py and the evaluator, spread over those runs."""
+    children = 0.0
+    for r in runs:
+        m = json.loads(r["metrics_json"] or "{}")
+        children += m.get("train_wall_s", 0.0) + m.get("eval_wall_s", 0.0)
+    return (call_wall_s - children) / max(1, len(runs))
+
+
+def harness_overhead(tmp: Path, candidates: int = N_CANDIDATES, small: bool = False) -> dict:
     from mcp_server.loop.engine import Engine
 
-    ws = make_workspace(tmp / "ws", make_small_corpus(tmp / "corpus"), bench_dir=hobbled_bench(tmp / "bench"))
+    corpus = tiny.tiny_corpus(tmp / "corpus") if small else make_small_corpus(tmp / "corpus")
+    bench = hobbled_bench(tmp / "bench", max_steps=2, tiny=True) if small else hobbled_bench(tmp / "bench")
+    extra = {"noise": {"baseline_seeds": 1}, "benchmark": {"eval_tokens": 1024}} if small else {}
+    ws = make_workspace(tmp / "ws", corpus, bench_dir=bench, **extra)
     eng = Engine(ws.root)
     eng.run_experiment("baseline")
-    overheads = []
-    for i in range(N_CANDIDATES):
+    cid = eng.campaign["id"]
+    per_run, recorded, runs_per_call = [], [], []
+    for i in range(candidates):
+        last = max((r["id"] for r in eng.ledger.experiments(cid)), default=0)
         set_constant(ws.root / "train.py", "LR", f"0.00{i + 2}")
         t0 = time.monotonic()
         res = eng.run_experiment(f"lr 0.00{i + 2}")
         if res.status == "ok":
             eng.score(res.experiment_id)
         wall = time.monotonic() - t0
-        m = json.loads(eng.ledger.experiment(res.experiment_id)["metrics_json"])
-        overheads.append(wall - m["train_wall_s"] - m["eval_wall_s"])
-    return {"harness_overhead_median_s": round(statistics.median(overheads), 3),
-            "harness_overhead_max_s": round(max(overheads), 3), "runs": len(overheads)}
+        runs = [r for r in eng.ledger.experiments_after(cid, last) if r["metrics_json"]]
+        per_run.append(per_run_overhead(wall, runs))
+        runs_per_call.append(len(runs))
+        # what the engine itself recorded per run (its time around train.py and the evaluator)
+        recorded += [json.loads(r["metrics_json"]).get("harness_s") for r in runs]
+    recorded = [x for x in recorded if x is not None]
+    eng.close()
+    return {"per_run_overhead_median_s": round(statistics.median(per_run), 3),
+            "per_run_overhead_max_s": round(max(per_run), 3),
+            "recorded_harness_s_median": round(statistics.median(recorded), 3) if recorded else None,
+            "experiments": candidates, "runs_per_experiment": runs_per_call}
 
 
 def fill_ledger(eng, n: int) -> None:
@@ -72,12 +102,13 @@ def fill_ledger(eng, n: int) -> None:
                        (c["id"], "lesson", f"note {i}", now))
 
 
-def ledger_latency(tmp: Path) -> dict:
+def ledger_latency(tmp: Path, rows: int = N_LEDGER, calls: int = N_CALLS, small: bool = False) -> dict:
     from mcp_server.loop.engine import Engine
 
-    ws = make_workspace(tmp / "ws", make_small_corpus(tmp / "corpus"))
+    corpus = tiny.tiny_corpus(tmp / "corpus") if small else make_small_corpus(tmp / "corpus")
+    ws = make_workspace(tmp / "ws", corpus)
     eng = Engine(ws.root)
-    fill_ledger(eng, N_LEDGER)
+    fill_ledger(eng, rows)
     eng.close()
     out = {}
     for name, fn in {
@@ -88,7 +119,7 @@ def ledger_latency(tmp: Path) -> dict:
         "budget_check": lambda e: e.budget(),
     }.items():
         times = []
-        for _ in range(N_CALLS):
+        for _ in range(calls):
             t0 = time.perf_counter()
             e = Engine(ws.root)   # exactly what a reading tool call does
             fn(e)
@@ -98,17 +129,20 @@ def ledger_latency(tmp: Path) -> dict:
     return out
 
 
-async def stdio_round_trip(tmp: Path) -> dict:
+async def stdio_round_trip(tmp: Path, calls: int = N_CALLS, small: bool = False) -> dict:
     from mcp import Client, StdioServerParameters
 
-    ws = make_workspace(tmp / "ws2", make_small_corpus(tmp / "corpus2"))
-    params = StdioServerParameters(command=sys.executable,
+    corpus = tiny.tiny_corpus(tmp / "corpus2") if small else make_small_corpus(tmp / "corpus2")
+    ws = make_workspace(tmp / "ws2", corpus)
+    # the server gets this process's environment: the SDK's default passes only a few variables, and the
+    # state directory is found through LOOPWRIGHT_HOME
+    params = StdioServerParameters(command=sys.executable, env=dict(os.environ),
                                    args=["-m", "mcp_server.cli", "serve", "--workspace", str(ws.root)])
     t0 = time.perf_counter()
     async with Client(params) as client:
         startup = time.perf_counter() - t0
         times = []
-        for _ in range(N_CALLS):
+        for _ in range(calls):
             t1 = time.perf_counter()
             res = await client.call_tool("budget_check", {})
             assert not res.is_error
@@ -120,21 +154,26 @@ async def stdio_round_trip(tmp: Path) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--skip-harness", action="store_true")
+    ap.add_argument("--tiny", action="store_true", help="a smoke run: one 2-step candidate on one seed, 200 ledger "
+                    "rows, 5 calls of each kind (seconds; the figures mean nothing)")
     args = ap.parse_args()
     results = {}
+    rows, calls = (200, 5) if args.tiny else (N_LEDGER, N_CALLS)
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         if not args.skip_harness:
-            results["harness"] = harness_overhead(tmp / "h")
-        results["ledger_10k"] = ledger_latency(tmp / "l")
-        results["stdio"] = asyncio.run(stdio_round_trip(tmp / "s"))
+            results["harness"] = harness_overhead(tmp / "h", 1 if args.tiny else N_CANDIDATES, args.tiny)
+        results["ledger_10k"] = ledger_latency(tmp / "l", rows, calls, args.tiny)
+        results["stdio"] = asyncio.run(stdio_round_trip(tmp / "s", calls, args.tiny))
     print(json.dumps(results, indent=2))
     lat = results["ledger_10k"]
     worst_state = max(v["p95_ms"] for k, v in lat.items() if k.startswith("state_read"))
     print(f"state_read p95 {worst_state:.1f} ms (target <= 50), budget_check p95 "
           f"{lat['budget_check']['p95_ms']:.1f} ms (target <= 20)")
     if "harness" in results:
-        print(f"harness overhead median {results['harness']['harness_overhead_median_s']:.2f} s (target <= 2)")
+        h = results["harness"]
+        print(f"harness overhead per run: median {h['per_run_overhead_median_s']:.2f} s (target <= 2), "
+              f"{h['runs_per_experiment']} runs per experiment")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ own ports and --temp-dir) and tears down. Also the ledger's write capacity (docs
     nice -n 19 python bench/perf/bench_ray.py                  # everything, ~15 minutes on 2 cores
     nice -n 19 python bench/perf/bench_ray.py --only ledger    # seconds
     nice -n 19 python bench/perf/bench_ray.py --sleep 10 --waves 2 --repeats 1 --pairs 2   # a quick look
+    python bench/perf/bench_ray.py --tiny     # a smoke run: 20 ledger records, one local and one Ray block of 2
 
 train.py is synthetic (bench/perf/synthetic.py): it sleeps --sleep seconds and writes a fixed exported
 model, so the 2-core machine measures orchestration, not arithmetic; the evaluator still scores each
@@ -44,6 +45,7 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "bench" / "perf"))
 sys.path.insert(0, str(REPO))
 
+import tiny  # noqa: E402
 from raycluster import LocalRayCluster  # noqa: E402
 from synthetic import set_variant, synthetic_bench  # noqa: E402
 
@@ -141,8 +143,9 @@ class Driver:
         return out
 
 
-def prepare_workspace(tmp: Path, sleep_s: float):
-    return make_workspace(tmp / "ws", make_small_corpus(tmp / "corpus"), bench_dir=synthetic_bench(tmp / "bench", sleep_s),
+def prepare_workspace(tmp: Path, sleep_s: float, small: bool = False):
+    corpus = tiny.tiny_corpus(tmp / "corpus") if small else make_small_corpus(tmp / "corpus")
+    return make_workspace(tmp / "ws", corpus, bench_dir=synthetic_bench(tmp / "bench", sleep_s),
                           benchmark={"eval_tokens": 1024, "time_budget": 30.0, "grace_seconds": 120.0},
                           noise={"baseline_seeds": 1, "rotate_every": 0},
                           budget={"max_experiments": 100_000, "max_hours": 1000.0})
@@ -209,7 +212,11 @@ def main() -> int:
     ap.add_argument("--only", choices=["ledger", "overhead", "scaling"], action="append",
                     help="run only these parts (repeatable)")
     ap.add_argument("--json", default="bench_ray.json", help="where the figures go (default ./bench_ray.json)")
+    ap.add_argument("--tiny", action="store_true", help="a smoke run: 20 ledger records, then one local and one Ray "
+                    "block of 2 experiments sleeping 0.1 s on a one-worker cluster (the figures mean nothing)")
     args = ap.parse_args()
+    if args.tiny:
+        args.sleep, args.pairs, args.only = 0.1, 2, args.only or ["ledger", "overhead"]
     # SIGTERM (and SIGINT, ignored in a background job otherwise): unwind, so the Ray cluster is torn down
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: sys.exit(143))
@@ -236,11 +243,11 @@ def run(args, parts: set, workers: list[int]) -> int:
     with tempfile.TemporaryDirectory(prefix="lwbench-") as d:
         tmp = Path(d)
         if "ledger" in parts:
-            out["ledger"] = ledger_capacity(tmp)
+            out["ledger"] = ledger_capacity(tmp, 20, 1) if args.tiny else ledger_capacity(tmp)
             print(f"ledger: {out['ledger']['run_records_per_s']} run records/s "
                   f"({out['ledger']['commits_per_s']} commits/s), spread {out['ledger']['spread_run_records_per_s']}")
         if parts & {"overhead", "scaling"}:
-            ws = prepare_workspace(tmp, args.sleep)
+            ws = prepare_workspace(tmp, args.sleep, args.tiny)
             # the baseline (one run, local) before anything is timed
             use_executor(ws.root, "local", 1)
             from mcp_server.loop.engine import Engine
@@ -255,8 +262,8 @@ def run(args, parts: set, workers: list[int]) -> int:
                 print(f"ray cluster: head + {nodes} worker node(s) at {cluster.address}, up in "
                       f"{cluster.start_seconds:.1f} s")
                 if "overhead" in parts:
-                    blocks = [overhead_block(ws.root, kind, args.pairs, cluster.address)
-                              for kind in ("local", "ray", "local", "ray")]
+                    kinds = ("local", "ray") if args.tiny else ("local", "ray", "local", "ray")
+                    blocks = [overhead_block(ws.root, kind, args.pairs, cluster.address) for kind in kinds]
                     out["overhead"] = summarise_overhead(blocks)
                     print_overhead(out["overhead"])
                 if "scaling" in parts:

@@ -2,6 +2,7 @@
 
     python bench/perf/bench_sandbox.py                 # 6 pairs, 150 steps each
     python bench/perf/bench_sandbox.py --pairs 3 --steps 60 --out sandbox.json
+    python bench/perf/bench_sandbox.py --tiny          # a smoke run: one pair of 2-step runs, one probe round
 
 Both arms go through the loop's own runner (mcp_server.loop.runner.run_training) on one fresh
 workspace of the bundled benchmark: the sandboxed arm exactly as the loop runs it, the other with
@@ -32,6 +33,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import tiny  # noqa: E402
 
 from mcp_server.loop import runner, sandbox  # noqa: E402
 from mcp_server.loop.setup import init_workspace  # noqa: E402
@@ -77,18 +81,18 @@ import time, torch
 torch.set_num_threads(1)
 a, b = torch.randn(256, 256), torch.randn(256, 256)
 t0, c0, n = time.perf_counter(), time.process_time(), 0
-while time.perf_counter() - t0 < 3:
+while time.perf_counter() - t0 < SECONDS:
     a @ b
     n += 1
 print(n / (time.perf_counter() - t0), n / (time.process_time() - c0))
 """
 
 
-def compute_probe(rounds: int) -> dict:
+def compute_probe(rounds: int, seconds: float = 3.0) -> dict:
     """Matmuls per wall second and per CPU second, bare and sandboxed, interleaved."""
     import subprocess
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
-        f.write(PROBE)
+        f.write(f"SECONDS = {seconds}\n" + PROBE)
     bare = [sys.executable, f.name]
     boxed = sandbox.build_command(bare, ro_binds=[f.name], env={"HOME": os.path.expanduser("~")})
     out: dict = {"bare": [], "sandboxed": []}
@@ -115,7 +119,11 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--no-probe", action="store_true", help="skip the compute probe")
     ap.add_argument("--probe-rounds", type=int, default=8)
+    ap.add_argument("--tiny", action="store_true", help="a smoke run: one pair of 2-step runs on a tiny corpus and one "
+                    "0.3 s probe round (seconds; the figures mean nothing)")
     args = ap.parse_args()
+    if args.tiny:
+        args.pairs, args.steps, args.probe_rounds = 1, 2, 1
     info = sandbox.detect()
     if info.kind != "bwrap":
         raise SystemExit(f"needs bubblewrap: {info.detail}")
@@ -123,11 +131,14 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="bench-sandbox-"))
     os.environ.setdefault("LOOPWRIGHT_HOME", str(tmp / "home"))
     try:
-        ws = init_workspace(tmp / "ws", tag="bench", corpus=str(small_corpus(tmp / "corpus")),
+        corpus = tiny.tiny_corpus(tmp / "corpus") if args.tiny else small_corpus(tmp / "corpus")
+        ws = init_workspace(tmp / "ws", tag="bench", corpus=str(corpus),
                             overrides={"benchmark": {"time_budget": 600.0, "grace_seconds": 120.0}})
         src = (ws.root / "train.py").read_text()
         src, n = re.subn(r"^MAX_STEPS = [^\s#]+", f"MAX_STEPS = {args.steps}", src, count=1, flags=re.M)
         assert n == 1
+        if args.tiny:
+            src = tiny.tiny_train(src)
         if args.threads:
             src = src.replace("import torch\n", f"import torch\ntorch.set_num_threads({args.threads})\n", 1)
         (ws.root / "train.py").write_text(src)
@@ -163,7 +174,7 @@ def main() -> int:
               "extra_startup_s": stats(overhead), "loadavg_before": load_before, "loadavg_after": load_after,
               "cpus": os.cpu_count()}
     if not args.no_probe:
-        result["compute_probe"] = compute_probe(args.probe_rounds)
+        result["compute_probe"] = compute_probe(args.probe_rounds, 0.3 if args.tiny else 3.0)
         result["loadavg_after_probe"] = os.getloadavg()
     print(json.dumps(result, indent=2))
     if args.out:

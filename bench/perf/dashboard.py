@@ -1,6 +1,7 @@
 """The dashboard's cost on a long campaign, and whether its clients slow the loop's ledger writes.
 
     python bench/perf/dashboard.py [--experiments 5000] [--clients 20] [--writes 200]
+    python bench/perf/dashboard.py --tiny        # a smoke run: 50 experiments, 2 clients, 5 writes
 
 Builds a scratch workspace (LOOPWRIGHT_HOME in a temp dir; the stdlib corpus) with N recorded experiments
 (4 KB log each), then prints the median seconds of: Source.version() (what the SSE loop polls), a whole
@@ -45,7 +46,11 @@ def main() -> None:
     ap.add_argument("--experiments", type=int, default=5000)
     ap.add_argument("--clients", type=int, default=20)
     ap.add_argument("--writes", type=int, default=200)
+    ap.add_argument("--tiny", action="store_true", help="a smoke run: 50 experiments, 2 stalled clients, 5 writes, a "
+                    "tiny corpus (seconds; the figures mean nothing)")
     a = ap.parse_args()
+    if a.tiny:
+        a.experiments, a.clients, a.writes = 50, 2, 5
     tmp = Path(tempfile.mkdtemp(prefix="lw-dash-bench-"))
     os.environ["LOOPWRIGHT_HOME"] = str(tmp / "home")
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
@@ -57,7 +62,11 @@ def main() -> None:
 
     from conftest import FAST, make_small_corpus
 
-    ws = init_workspace(tmp / "ws", tag="bench", corpus=str(make_small_corpus(tmp / "corpus")),
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import tiny
+
+    corpus = tiny.tiny_corpus(tmp / "corpus") if a.tiny else make_small_corpus(tmp / "corpus")
+    ws = init_workspace(tmp / "ws", tag="bench", corpus=str(corpus),
                         overrides={k: dict(v) for k, v in FAST.items()})
     led = ws.ledger()
     c = led.campaign()
@@ -72,7 +81,7 @@ def main() -> None:
     t_version = timed(src.version, 20)
     t_snapshot = timed(lambda: data.snapshot(src), 5)
     snap = data.snapshot(src)
-    t_render = timed(lambda: views.fragments(snap, True, "x" * 64, False), 5)
+    t_render = timed(lambda: views.fragments(snap, False), 5)
     base = write_latency(src.db_path, c["id"], a.writes)
 
     with socket.socket() as s:

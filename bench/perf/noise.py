@@ -2,6 +2,7 @@
 
     python bench/perf/noise.py                         # 4 seeds, WARMDOWN_FRAC 0.2 -> 0.4, ~10 min on 2 idle cores
     python bench/perf/noise.py --seeds 6 --variant LR=0.006 --budget 30 --clock steps
+    python bench/perf/noise.py --tiny                  # a smoke run: one seed, 2 steps, tiny corpus (no figures)
 
 It runs the baseline train.py and a small variant of it (one constant changed)
 on the same seeds 1..N, interleaved (baseline s, variant s, baseline s+1, ...)
@@ -41,6 +42,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "bench" / "gpt"
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import tiny  # noqa: E402
+
+
+def file_tag(tag: str) -> str:
+    """A name for the model archive: its stem becomes the archive's root folder, which the evaluator
+    accepts only as a plain name (letters, digits, _ . -), so a tag like `LR=0.012` is spelt `LR_0.012`."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", tag)[:100]
 
 
 def set_constant(src: str, name: str, value: str) -> str:
@@ -80,7 +90,7 @@ def evaluate(ws: Path, model: Path, env: dict, eval_tokens: int | None = None) -
 def run(ws: Path, train: str, seed: int, tag: str, also_eval: tuple[int, ...] = ()) -> dict:
     """Train `train` on `seed` and score it; `also_eval`: score the same model on these eval sizes too
     (val_bpb_at_N), which separates the evaluator's sampling noise from the training's."""
-    model = ws / f"{tag}-{seed}.pt2"
+    model = ws / f"{file_tag(tag)}-{seed}.pt2"
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOOPWRIGHT_")}
     env.update(LOOPWRIGHT_SEED=str(seed), LOOPWRIGHT_EXPORT_PATH=str(model))
     t0 = time.monotonic()
@@ -109,7 +119,11 @@ def main(argv=None) -> int:
     p.add_argument("--keep", action="store_true", help="keep the temporary workspace")
     p.add_argument("--from-log", type=Path, nargs="+", help="recompute the figures from the JSON lines of an earlier "
                    "(possibly interrupted) run's output instead of running anything")
+    p.add_argument("--tiny", action="store_true", help="a smoke run: one seed, 2 training steps, a tiny corpus and "
+                   "a 1,024-token evaluation (seconds; the figures mean nothing)")
     args = p.parse_args(argv)
+    if args.tiny:
+        args.seeds, args.budget, args.eval_tokens = 1, tiny.BENCHMARK["time_budget"], tiny.BENCHMARK["eval_tokens"]
     name, _, value = args.variant.partition("=")
     if args.from_log:
         rows = [json.loads(line) for log in args.from_log for line in log.read_text().splitlines()
@@ -124,6 +138,8 @@ def main(argv=None) -> int:
         ws.mkdir()
         shutil.copyfile(BENCH / "prepare.py", ws / "prepare.py")
         src = (BENCH / "train.py").read_text()
+        if args.tiny:
+            src = tiny.tiny_train(src)
         (ws / "train.py").write_text(src)
         (ws / "variant.py").write_text(set_constant(src, name, value))
         toml = ["[benchmark]", f"time_budget = {args.budget}"]
@@ -131,6 +147,8 @@ def main(argv=None) -> int:
             toml.append(f'clock = "{args.clock}"')
         if args.eval_tokens:
             toml.append(f"eval_tokens = {args.eval_tokens}")
+        if args.tiny:
+            toml.append(f'corpus = "{tiny.tiny_corpus(tmp / "corpus")}"')
         (ws / "loopwright.toml").write_text("\n".join(toml) + "\n")
         subprocess.run([sys.executable, "prepare.py", "prepare"], cwd=ws, check=True, capture_output=True)
         load0 = os.getloadavg()
@@ -159,6 +177,9 @@ def report(rows: list, args, elapsed, load0, load1) -> int:
     base = [r["val_bpb"] for r in rows if r["tag"] == "baseline"]
     var = [r["val_bpb"] for r in rows if r["tag"] == "variant"]
     d = [v - b for b, v in zip(base, var)]
+    if len(d) < 2:   # one seed (--tiny): the runs and d, no spread to estimate
+        print(f"\n{len(rows)} runs; baseline {base}, variant {var}, paired d {d} (one seed: no sigma)")
+        return 0
     sd_u = math.sqrt((statistics.variance(base) + statistics.variance(var)) / 2)
     sd_d = statistics.stdev(d)
     noise = NoiseConfig(k_sigma=args.k)

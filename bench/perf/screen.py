@@ -3,6 +3,7 @@
     python bench/perf/screen.py --seeds 3 --eval-tokens 8192 \\
         --variants EMBED_LR=0.03 LOGIT_SOFTCAP=30.0 LR=0.006
     python bench/perf/screen.py --base WARMUP_STEPS=3 --variants WARMUP_STEPS=10 ...   # another base
+    python bench/perf/screen.py --tiny            # a smoke run: LR=0.012 on one seed, 2 steps (no figures)
 
 How the baseline and the built-in agent's first moves are chosen (BENCHMARKS.md, "Paired screen"). For
 each seed the base runs first, then every variant, each through the frozen evaluator, on prepare.py's
@@ -27,6 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import tiny  # noqa: E402
 from noise import BENCH, run, set_constant  # noqa: E402
 
 
@@ -42,7 +44,7 @@ def apply(src: str, spec: str) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--variants", nargs="+", required=True, help="NAME=VALUE[+NAME=VALUE] each")
+    p.add_argument("--variants", nargs="+", help="NAME=VALUE[+NAME=VALUE] each (required unless --tiny)")
     p.add_argument("--base", default="", help="NAME=VALUE[+...] applied to the bundled train.py first")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--first-seed", type=int, default=1)
@@ -53,7 +55,14 @@ def main(argv=None) -> int:
                    help="score every model on these eval sizes too: d per size shows how much of sigma_d is "
                         "the evaluator's sampling error")
     p.add_argument("--out", type=Path, default=None, help="also write every run as JSON lines here")
+    p.add_argument("--tiny", action="store_true", help="a smoke run: the base and one variant (LR=0.012 unless "
+                   "--variants) on one seed, 2 training steps, a tiny corpus (seconds; the figures mean nothing)")
     args = p.parse_args(argv)
+    if args.tiny:
+        args.variants = args.variants or ["LR=0.012"]
+        args.seeds, args.budget, args.eval_tokens = 1, tiny.BENCHMARK["time_budget"], tiny.BENCHMARK["eval_tokens"]
+    if not args.variants:
+        p.error("--variants is required: NAME=VALUE[+NAME=VALUE] each, e.g. --variants LR=0.012 EMBED_LR=0.03")
 
     tmp = Path(tempfile.mkdtemp(prefix="lw-screen-"))
     rows: list[dict] = []
@@ -61,7 +70,11 @@ def main(argv=None) -> int:
         ws = tmp / "ws"
         ws.mkdir()
         shutil.copyfile(BENCH / "prepare.py", ws / "prepare.py")
-        base_src = apply((BENCH / "train.py").read_text(), args.base) if args.base else (BENCH / "train.py").read_text()
+        base_src = (BENCH / "train.py").read_text()
+        if args.tiny:
+            base_src = tiny.tiny_train(base_src)
+        if args.base:
+            base_src = apply(base_src, args.base)
         (ws / "train.py").write_text(base_src)
         files = {"base": "train.py"}
         for i, v in enumerate(args.variants):
@@ -70,6 +83,8 @@ def main(argv=None) -> int:
         toml = ["[benchmark]", f"time_budget = {args.budget}", f"eval_tokens = {args.eval_tokens}"]
         if args.clock:
             toml.append(f'clock = "{args.clock}"')
+        if args.tiny:
+            toml.append(f'corpus = "{tiny.tiny_corpus(tmp / "corpus")}"')
         (ws / "loopwright.toml").write_text("\n".join(toml) + "\n")
         subprocess.run([sys.executable, "prepare.py", "prepare"], cwd=ws, check=True, capture_output=True)
         load0 = os.getloadavg()

@@ -1,6 +1,7 @@
 """Time from spawning the loopwright MCP server to its tools/list answer (what a client waits for).
 
     python bench/perf/server_start.py --workspace WS [--runs 5] [--cmd "loopwright serve"]
+    python bench/perf/server_start.py --tiny      # a smoke run: one start on a scratch workspace (tiny corpus)
 
 Prints the median and each run's wall seconds, the median CPU seconds of the server process, and which heavy modules the server imported.
 """
@@ -14,7 +15,14 @@ import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import tiny  # noqa: E402
 
 HEAVY = ("torch", "matplotlib", "slack_sdk", "jira", "numpy", "uvicorn", "starlette", "rich", "git")
 
@@ -46,10 +54,21 @@ def one(cmd: list[str], env: dict) -> tuple[float, float, int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--workspace", required=True)
+    ap.add_argument("--workspace", help="the workspace the server opens (required unless --tiny)")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--cmd", default=f"{sys.executable} -m mcp_server.cli serve")
+    ap.add_argument("--tiny", action="store_true", help="a smoke run: one start on a scratch workspace made here "
+                    "(tiny corpus, state in a temp dir; the figures mean nothing)")
     a = ap.parse_args()
+    if a.tiny and not a.workspace:
+        from mcp_server.loop.setup import init_workspace
+
+        tmp = Path(tempfile.mkdtemp(prefix="lw-server-start-"))
+        os.environ["LOOPWRIGHT_HOME"] = str(tmp / "home")
+        a.workspace = str(init_workspace(tmp / "ws", tag="bench", corpus=str(tiny.tiny_corpus(tmp / "corpus"))).root)
+        a.runs = 1
+    if not a.workspace:
+        ap.error("--workspace WS is required (a workspace made by `loopwright init`), or pass --tiny")
     env = {**os.environ, "LOOPWRIGHT_WORKSPACE": a.workspace}
     cmd = shlex.split(a.cmd) + ["--workspace", a.workspace]
     times, cpus = [], []

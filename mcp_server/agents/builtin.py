@@ -178,6 +178,11 @@ class Edit:
     description: str
     hypothesis: str
 
+    def change(self) -> dict[str, Any]:
+        """The edit as run_experiment's structured `change` (recorded in the ledger; a resumed session's
+        planner is rebuilt from it)."""
+        return {"name": self.name, "old": self.old, "new": self.new}
+
 
 @dataclass
 class ParamState:
@@ -346,7 +351,7 @@ class Planner:
         self._update(edit.name, edit.direction, outcome)
 
     def observe(self, name: str, old: Value, new: Value, outcome: str) -> None:
-        """Replay an earlier session's experiment (parsed from its description) into the memory."""
+        """Replay an earlier session's experiment (its recorded change) into the memory."""
         if isinstance(new, bool) or isinstance(old, bool):
             direction = "flip"
         elif new == 0 and old != 0:
@@ -370,23 +375,6 @@ class Planner:
                 st.good = None
             if self.momentum == (name, direction):
                 self.momentum = None
-
-
-_DESC_RE = re.compile(r"^([A-Z][A-Z0-9_]*) (\S+) -> (\S+)")
-
-
-def parse_description(text: str) -> Optional[tuple[str, Value, Value]]:
-    """(name, old, new) from a description this agent wrote, e.g. 'LR 0.004 -> 0.008'."""
-    m = _DESC_RE.match(text or "")
-    if not m:
-        return None
-    try:
-        old, new = ast.literal_eval(m.group(2)), ast.literal_eval(m.group(3))
-    except (ValueError, SyntaxError):
-        return None
-    if not all(isinstance(v, (bool, int, float)) for v in (old, new)):
-        return None
-    return m.group(1), old, new
 
 
 # ---------------------------------------------------------------------------
@@ -658,7 +646,8 @@ class BuiltinAgent:
             await self._restore()
             return None if self.flights else "no untried change of the tunable constants is left"
         try:
-            sub = await self.call("submit_experiment", {"description": edit.description, "hypothesis": edit.hypothesis})
+            sub = await self.call("submit_experiment", {"description": edit.description, "hypothesis": edit.hypothesis,
+                                                        "change": edit.change()})
         except ToolFailed as e:
             if "exact repeat" in e.message or "only touches the random seed" in e.message:
                 self.planner.record(edit, "refused")
@@ -706,16 +695,19 @@ class BuiltinAgent:
         """Resume instead of restart: feed this agent's earlier experiments back into the planner."""
         hist = await self.call("state_read", {"view": "history", "limit": 500})
         for row in sorted(hist.get("experiments", []), key=lambda r: r["id"]):
-            parsed = parse_description(row["description"])
-            if parsed is None or row["is_baseline"] or row["confirm_of"] is not None:
+            change = row.get("change")
+            if not change or row["is_baseline"] or row["confirm_of"] is not None:
                 continue
+            old, new = change["old"], change["new"]
+            if not all(isinstance(v, (bool, int, float)) for v in (old, new)):
+                continue   # another agent's change of a setting that is not a number: not this planner's
             if row["status"] in ("crash", "timeout", "rejected"):
                 outcome = "crash"
             elif row["verdict"] in ("keep", "discard"):
                 outcome = row["verdict"]
             else:
                 continue
-            self.planner.observe(*parsed, outcome)
+            self.planner.observe(change["name"], old, new, outcome)
 
     async def _restore(self) -> None:
         try:
@@ -750,8 +742,8 @@ class BuiltinAgent:
     async def _experiment(self, edit: Edit, number: int) -> None:
         t0 = time.monotonic()
         self.emit("experiment_start", number=number, description=edit.description, category=edit.category)
-        res = await self.call("run_experiment", {"description": edit.description, "hypothesis": edit.hypothesis},
-                              progress=True)
+        res = await self.call("run_experiment", {"description": edit.description, "hypothesis": edit.hypothesis,
+                                                 "change": edit.change()}, progress=True)
         runs = len(res.get("pairs") or []) + int(res.get("reference_runs") or 0)
         if runs:
             self.run_seconds.append((time.monotonic() - t0) / runs)

@@ -123,7 +123,14 @@ def claude_settings(python: str, root: Path, state_dir: Optional[Path], wiring: 
     if wiring == "workspace":
         out["hooks"] = hook_groups(guard_command(python))
     out["sandbox"] = claude_sandbox(root, state_dir, editable, private)
+    out["permissions"] = claude_read_denies(private)
     return out
+
+
+def claude_read_denies(private: Iterable[str]) -> dict:
+    """The same `private` paths for Claude Code's own file tools (Read, Grep, Glob), which its sandbox does not
+    cover: `Read(//abs/path)` deny rules (`//` anchors at the filesystem root; a path names its subtree)."""
+    return {"deny": [f"Read(/{Path(p)})" for p in private]}
 
 
 SERVER_ENV_VARS = ("LOOPWRIGHT_HOME", "XDG_DATA_HOME", "LOOPWRIGHT_SESSION_ID", "LOOPWRIGHT_SESSION_LEVEL")

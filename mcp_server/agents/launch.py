@@ -297,11 +297,11 @@ def claude_outer_argv(exe: str, root: Path, state_dir: Path, prompt: str, cost_l
     return argv + extra
 
 
-def private_paths(corpus: str) -> list[str]:
-    """A corpus on disk, kept from the agent's shell like the state dir (the named corpora live in the state)."""
-    from mcp_server.loop.config import NAMED_CORPORA
+def private_paths(corpus: str, root: Optional[Path] = None) -> list[str]:
+    """The corpus's text on disk, kept from the agent's shell like the state dir (loop/sandbox.py says which)."""
+    from mcp_server.loop.sandbox import agent_private_paths
 
-    return [] if corpus in NAMED_CORPORA else [corpus]
+    return agent_private_paths(corpus, root)
 
 
 def codex_overrides(root: Path, python: str, tool_timeout_s: float, level: str = "inner",
@@ -482,7 +482,7 @@ def launch_session(root: Path | str, agent: str, trigger: str = "manual", detail
         elif agent == "codex":
             price = parse_price(env.get("LOOPWRIGHT_CODEX_PRICE"))
             argv = codex_argv(find_client("codex", env), ws.root, prompt, limit_s, _extra_args(env, "codex"), level,
-                              ws.state_dir, private_paths(ws.cfg.benchmark.corpus))
+                              ws.state_dir, private_paths(ws.cfg.benchmark.corpus, ws.root))
             parser = CodexParser(price)
         elif level == "outer":   # the built-in outer loop: one step (decide a trial, start the next)
             argv = [sys.executable, "-m", "mcp_server.cli", "mechanisms", "step", "--workspace", str(ws.root)]

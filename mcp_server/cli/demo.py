@@ -256,7 +256,7 @@ def run_demo(directory: Optional[Path | str] = None, time_budget: float = DEMO_T
              n: int = DEMO_EXPERIMENTS, seed: int = 0, minutes: Optional[float] = None, mechanisms: bool = True,
              console: Optional[Console] = None, live: Optional[bool] = None, parallel: int = 1) -> DemoResult:
     from mcp_server.agents.builtin import run_builtin
-    from mcp_server.loop.config import CONFIG_NAME
+    from mcp_server.loop.config import CONFIG_NAME, DEFAULT_CORPUS
     from mcp_server.loop.setup import init_workspace
     from mcp_server.loop.workspace import Workspace
     from mcp_server.report.writer import write_report
@@ -276,7 +276,7 @@ def run_demo(directory: Optional[Path | str] = None, time_budget: float = DEMO_T
         console.print(f"resuming the campaign in {root}")
     else:
         console.print(f"creating a workspace in {root} (preparing the data takes a few seconds)…")
-        init_workspace(root, tag="demo", corpus="stdlib", time_budget=time_budget,
+        init_workspace(root, tag="demo", corpus=DEFAULT_CORPUS, time_budget=time_budget,
                        overrides=demo_overrides(n, parallel, seed))
     ws = Workspace.find(root)
     with ws.ledger() as ledger:

@@ -6,6 +6,7 @@ ledger is upgraded in place and nothing recorded is lost.
 """
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import re
@@ -14,7 +15,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Iterable, Iterator, Mapping, Optional
 
 EXPERIMENT_STATUSES = ("running", "ok", "crash", "timeout", "rejected", "interrupted", "lost")
 VERDICTS = ("baseline", "keep", "discard", "retest", "pending_approval")
@@ -336,6 +337,42 @@ def _insert_seed_set(c: sqlite3.Connection, campaign_id: int, index: int, seeds:
 # 13: seed sets as rows (the set each candidate runs on; rotation starts a new one)
 MIGRATIONS.append(_seed_sets_table)
 
+# Descriptions the built-in agent wrote before a change was data ("LR 0.004 -> 0.008 ..."): migration 14
+# reads them once so a resumed session still learns from its earlier experiments. Nothing else parses
+# descriptions.
+_OLD_BUILTIN_DESCRIPTION = re.compile(r"^([A-Z][A-Z0-9_]*) (\S+) -> (\S+)")
+
+
+def _old_builtin_change(description: str) -> Optional[dict]:
+    m = _OLD_BUILTIN_DESCRIPTION.match(description or "")
+    if not m:
+        return None
+    try:
+        old, new = (ast.literal_eval(v) for v in m.group(2, 3))
+    except (ValueError, SyntaxError):
+        return None
+    if not all(isinstance(v, (bool, int, float)) for v in (old, new)) or (type(old) is type(new) and old == new):
+        return None
+    return {"name": m.group(1), "old": old, "new": new}
+
+
+def _change_columns_migration(c: sqlite3.Connection) -> None:
+    """A structured change (name, old, new) on each candidate row, JSON-typed values; candidates recorded
+    before it that the built-in agent described get theirs from the description."""
+    for col in ("change_name", "change_old", "change_new"):
+        c.execute(f"ALTER TABLE experiments ADD COLUMN {col} TEXT")
+    rows = c.execute("SELECT id, description FROM experiments WHERE is_baseline=0 AND confirm_of IS NULL").fetchall()
+    for eid, description in rows:
+        change = _old_builtin_change(description)
+        if change is not None:
+            cols = _change_columns(change)
+            c.execute("UPDATE experiments SET change_name=?, change_old=?, change_new=? WHERE id=?",
+                      (cols["change_name"], cols["change_old"], cols["change_new"], eid))
+
+
+# 14: the structured change of an experiment (run_experiment's optional `change`)
+MIGRATIONS.append(_change_columns_migration)
+
 
 # Columns an experiment row may be updated with (guards against typos reaching SQL).
 _EXPERIMENT_FIELDS = {
@@ -360,8 +397,32 @@ class SeedSet:
     since: int
 
 
+def _rowid(cur: sqlite3.Cursor) -> int:
+    """The id of the row an INSERT just made (always set after one)."""
+    assert cur.lastrowid is not None
+    return int(cur.lastrowid)
+
+
 def _row(r: Optional[sqlite3.Row]) -> Optional[dict]:
     return dict(r) if r is not None else None
+
+
+def _experiment_row(r: sqlite3.Row) -> dict:
+    """An experiments row as a dict; its change columns become one `change` entry: {name, old, new} or None."""
+    d = dict(r)
+    name, old, new = d.pop("change_name", None), d.pop("change_old", None), d.pop("change_new", None)
+    d["change"] = None if name is None else {"name": name, "old": json.loads(old), "new": json.loads(new)}
+    return d
+
+
+def _change_columns(change: Optional[Mapping[str, Any]]) -> dict[str, Any]:
+    """The change columns of a {name, old, new} mapping (values kept with their JSON type: 8 stays an int)."""
+    if change is None:
+        return {"change_name": None, "change_old": None, "change_new": None}
+    if set(change) != {"name", "old", "new"}:
+        raise LedgerError(f"a change is {{name, old, new}}, not {sorted(change)}")
+    return {"change_name": str(change["name"]), "change_old": json.dumps(change["old"]),
+            "change_new": json.dumps(change["new"])}
 
 
 class Ledger:
@@ -438,7 +499,7 @@ class Ledger:
             cur = c.execute(
                 "INSERT INTO campaigns(tag, branch, pinned_commit, best_commit, created_at) VALUES (?,?,?,?,?)",
                 (tag, branch, pinned_commit, pinned_commit, time.time()))
-            return int(cur.lastrowid)
+            return _rowid(cur)
 
     def campaign(self, campaign_id: Optional[int] = None, tag: Optional[str] = None) -> Optional[dict]:
         if tag is not None:
@@ -458,15 +519,18 @@ class Ledger:
 
     # -- experiments --------------------------------------------------------
     def start_experiment(self, campaign_id: int, description: str, **fields: Any) -> int:
-        bad = set(fields) - _EXPERIMENT_FIELDS
+        """A new row; `change` (a {name, old, new} mapping, or None) is stored in its own columns."""
+        bad = set(fields) - _EXPERIMENT_FIELDS - {"change"}
         if bad:
             raise LedgerError(f"unknown experiment fields {sorted(bad)}")
+        if "change" in fields:
+            fields.update(_change_columns(fields.pop("change")))
         fields.setdefault("status", "running")
         cols = ["campaign_id", "description", "started_at", *fields]
         vals = [campaign_id, description, time.time(), *fields.values()]
         with self.tx() as c:
             cur = c.execute(f"INSERT INTO experiments({','.join(cols)}) VALUES ({','.join('?' * len(cols))})", vals)
-            return int(cur.lastrowid)
+            return _rowid(cur)
 
     def update_experiment(self, experiment_id: int, **fields: Any) -> None:
         bad = set(fields) - _EXPERIMENT_FIELDS
@@ -481,7 +545,22 @@ class Ledger:
                 raise LedgerError(f"experiment {experiment_id} does not exist")
 
     def experiment(self, experiment_id: int) -> Optional[dict]:
-        return _row(self.conn.execute("SELECT * FROM experiments WHERE id=?", (experiment_id,)).fetchone())
+        r = self.conn.execute("SELECT * FROM experiments WHERE id=?", (experiment_id,)).fetchone()
+        return None if r is None else _experiment_row(r)
+
+    def recorded_experiment(self, experiment_id: int) -> dict:
+        """The row of an experiment the loop itself recorded: a LedgerError, never None, if it is missing."""
+        row = self.experiment(experiment_id)
+        if row is None:
+            raise LedgerError(f"experiment {experiment_id} is not in the ledger")
+        return row
+
+    def recorded_campaign(self, campaign_id: int) -> dict:
+        """The row of a campaign known to exist: a LedgerError, never None, if it is missing."""
+        row = self.campaign(campaign_id)
+        if row is None:
+            raise LedgerError(f"campaign {campaign_id} is not in the ledger")
+        return row
 
     def experiments(self, campaign_id: int, limit: Optional[int] = None, newest_first: bool = False) -> list[dict]:
         """Every row of the campaign (candidates, baseline, reference, pair and confirm runs) in id order."""
@@ -493,7 +572,7 @@ class Ledger:
         sql += " ORDER BY id " + ("DESC" if newest_first else "ASC")
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
-        return [dict(r) for r in self.conn.execute(sql, (campaign_id, *params))]
+        return [_experiment_row(r) for r in self.conn.execute(sql, (campaign_id, *params))]
 
     def count_experiments(self, campaign_id: int) -> int:
         """Rows of the campaign, runs of every role included."""
@@ -630,13 +709,13 @@ class Ledger:
         """Rows queued or running: of one campaign, or (None) of every campaign; oldest first."""
         if campaign_id is not None:
             return self._experiments(campaign_id, "status='running'")
-        return [dict(r) for r in self.conn.execute("SELECT * FROM experiments WHERE status='running' ORDER BY id")]
+        return [_experiment_row(r) for r in self.conn.execute("SELECT * FROM experiments WHERE status='running' ORDER BY id")]
 
     def interrupted_candidates(self) -> list[dict]:
         """Candidates (any campaign) still waiting for a score that can never come: one of their own seed runs
         was interrupted. Asynchronous submissions are not among them (loop/asyncrun.py re-queues and decides
         those)."""
-        return [dict(r) for r in self.conn.execute(
+        return [_experiment_row(r) for r in self.conn.execute(
             "SELECT * FROM experiments e WHERE e.status='ok' AND e.is_baseline=0 AND e.confirm_of IS NULL "
             "AND e.verdict IS NULL AND EXISTS (SELECT 1 FROM experiments r WHERE r.confirm_of=e.id "
             "AND r.status='interrupted') AND NOT EXISTS (SELECT 1 FROM submissions s WHERE s.id=e.id "
@@ -707,7 +786,7 @@ class Ledger:
 
     def runs_of_commit(self, campaign_id: int, commit: str) -> list[dict]:
         """Finished, scored-ok runs of one commit (the reference's samples), oldest first."""
-        return [dict(r) for r in self.conn.execute(
+        return [_experiment_row(r) for r in self.conn.execute(
             "SELECT * FROM experiments WHERE campaign_id=? AND commit_sha=? AND status='ok' AND val_bpb IS NOT NULL "
             "ORDER BY id", (campaign_id, commit))]
 
@@ -728,11 +807,11 @@ class Ledger:
                        seed: int, status: str, val_bpb: Optional[float], num_steps: Optional[int],
                        reason: Optional[str], started_at: float) -> int:
         with self.tx() as c:
-            return int(c.execute(
+            return _rowid(c.execute(
                 "INSERT INTO replays(campaign_id, replay, experiment_id, side, commit_sha, seed, status, val_bpb, "
                 "num_steps, reason, started_at, finished_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                 (campaign_id, replay, experiment_id, side, commit, seed, status, val_bpb, num_steps, reason,
-                 started_at, time.time())).lastrowid)
+                 started_at, time.time())))
 
     def replay_runs(self, campaign_id: int, replay: Optional[int] = None) -> list[dict]:
         """Runs of one replay (default: the latest), oldest first."""
@@ -770,7 +849,7 @@ class Ledger:
         return {int(r[0]) for r in rows}
 
     def confirm_runs(self, experiment_id: int) -> list[dict]:
-        return [dict(r) for r in self.conn.execute(
+        return [_experiment_row(r) for r in self.conn.execute(
             "SELECT * FROM experiments WHERE confirm_of=? ORDER BY id", (experiment_id,))]
 
     def usage(self, campaign_id: int) -> tuple[int, float]:
@@ -787,7 +866,7 @@ class Ledger:
         with self.tx() as c:
             cur = c.execute("INSERT INTO sessions(campaign_id, trigger, agent, started_at, detail) VALUES (?,?,?,?,?)",
                             (campaign_id, trigger, agent, time.time(), detail))
-            return int(cur.lastrowid)
+            return _rowid(cur)
 
     def end_session(self, session_id: int, exit_code: Optional[int], turns: Optional[int] = None,
                     cost_usd: float = 0.0, detail: Optional[str] = None) -> None:
@@ -815,7 +894,7 @@ class Ledger:
         with self.tx() as c:
             cur = c.execute("INSERT INTO notes(campaign_id, kind, text, experiment_id, created_at) VALUES (?,?,?,?,?)",
                             (campaign_id, kind, text, experiment_id, time.time()))
-            return int(cur.lastrowid)
+            return _rowid(cur)
 
     def notes(self, campaign_id: int, limit: Optional[int] = None) -> list[dict]:
         sql = "SELECT * FROM notes WHERE campaign_id=? ORDER BY id DESC" + (f" LIMIT {int(limit)}" if limit else "")
@@ -828,14 +907,15 @@ class Ledger:
         with self.tx() as c:
             cur = c.execute("INSERT INTO events(campaign_id, kind, payload, created_at) VALUES (?,?,?,?)",
                             (campaign_id, kind, json.dumps(payload, sort_keys=True), time.time()))
-            event_id = int(cur.lastrowid)
+            event_id = _rowid(cur)
             for sink in sinks:
                 c.execute("INSERT INTO deliveries(event_id, sink) VALUES (?,?)", (event_id, sink))
             return event_id
 
     def events(self, campaign_id: Optional[int] = None, kind: Optional[str] = None,
                since_id: int = 0) -> list[dict]:
-        sql, args = "SELECT * FROM events WHERE id>?", [since_id]
+        sql = "SELECT * FROM events WHERE id>?"
+        args: list[Any] = [since_id]
         if campaign_id is not None:
             sql += " AND campaign_id=?"
             args.append(campaign_id)
@@ -988,7 +1068,7 @@ class Ledger:
                 "status, reason, validation_json, created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (name, version, kind, code_sha256, str(path_for(version)), rationale, author, campaign_id, status,
                  reason, json.dumps(validation) if validation is not None else None, now, now))
-            return int(cur.lastrowid), version
+            return _rowid(cur), version
 
     def mechanism(self, mechanism_id: Optional[int] = None, name: Optional[str] = None,
                   version: Optional[int] = None) -> Optional[dict]:
@@ -1027,7 +1107,7 @@ class Ledger:
                                                                start_experiment_id, now))
             c.execute("UPDATE mechanisms SET status='active', reason=NULL, updated_at=? WHERE id=?",
                       (now, mechanism_id))
-            return int(cur.lastrowid)
+            return _rowid(cur)
 
     def end_trial(self, trial_id: int, outcome: str, reason: str, stats: Optional[dict],
                   end_experiment_id: Optional[int]) -> bool:
@@ -1072,11 +1152,11 @@ class Ledger:
                         payload: Optional[dict] = None, expires_at: Optional[float] = None) -> int:
         """A pending approval; its branch is `branch_prefix` + its id."""
         with self.tx() as c:
-            aid = int(c.execute(
+            aid = _rowid(c.execute(
                 "INSERT INTO approvals(campaign_id, kind, experiment_id, commit_sha, base_commit, source_sha, "
                 "description, payload, created_at, expires_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
                 (campaign_id, kind, experiment_id, commit_sha, base_commit, source_sha, description,
-                 json.dumps(payload or {}, sort_keys=True), time.time(), expires_at)).lastrowid)
+                 json.dumps(payload or {}, sort_keys=True), time.time(), expires_at)))
             c.execute("UPDATE approvals SET branch=? WHERE id=?", (f"{branch_prefix}{aid}", aid))
             return aid
 
@@ -1088,7 +1168,8 @@ class Ledger:
 
     def approvals(self, campaign_id: Optional[int] = None, statuses: Iterable[str] = (),
                   kind: Optional[str] = None) -> list[dict]:
-        sql, args = "SELECT * FROM approvals WHERE 1=1", []
+        sql = "SELECT * FROM approvals WHERE 1=1"
+        args: list[Any] = []
         if campaign_id is not None:
             sql += " AND campaign_id=?"
             args.append(campaign_id)

@@ -40,7 +40,7 @@ from mcp_server.executors.workcopy import sha256_of
 from mcp_server.loop import gitops, integrity, sandbox, verdict
 from mcp_server.loop import text as textmod
 from mcp_server.loop.errors import LoopError
-from mcp_server.loop.models import AsyncResult, SubmitResult, WaitResult
+from mcp_server.loop.models import AsyncResult, Change, SubmitResult, WaitResult
 from mcp_server.loop.workspace import sinks_for
 
 if TYPE_CHECKING:
@@ -242,7 +242,8 @@ def _start_reference(eng: "Engine", c: dict, seed: int, set_index: Optional[int]
 
 
 def _plan_candidate(eng: "Engine", drv: Optional[Driver], c: dict, commit: str, description: str,
-                    hypothesis: Optional[str], source_sha: str, session_id) -> tuple[int, list[int], list[int], list[int]]:
+                    hypothesis: Optional[str], source_sha: str, session_id,
+                    change: Optional[dict] = None) -> tuple[int, list[int], list[int], list[int]]:
     """Rows for a candidate at `commit` (parent: the best now) on the seed set, paired with the best's runs
     (queued where missing). Returns (candidate id, run ids, reference run ids queued, seeds)."""
     set_index, seeds = eng.seed_set(c)
@@ -256,17 +257,37 @@ def _plan_candidate(eng: "Engine", drv: Optional[Driver], c: dict, commit: str, 
     common = dict(hypothesis=hypothesis, commit_sha=commit, parent_commit=c["best_commit"], source_sha=source_sha,
                   lines_added=added, lines_removed=removed, session_id=session_id, seed_set=set_index)
     cand = eng.ledger.start_experiment(c["id"], description, role="candidate", seed=seeds[0],
-                                       paired_with=refs[seeds[0]], **common)
+                                       paired_with=refs[seeds[0]], change=change, **common)
+    # adaptive pairs: min_pairs of the seed set now, the rest only while the sequential test asks (_decide)
+    first = first_wave(eng, len(seeds))
     runs = [cand] + [eng.ledger.start_experiment(c["id"], f"{description} [seed {s}]", role="pair", seed=s,
-                                                 confirm_of=cand, paired_with=refs[s], **common) for s in seeds[1:]]
+                                                 confirm_of=cand, paired_with=refs[s], **common)
+                     for s in seeds[1:first]]
     for rid in new_refs + runs:
         _queue_row(eng, drv, c, rid)
     return cand, runs, new_refs, seeds
 
 
+def first_wave(eng: "Engine", n_seeds: int) -> int:
+    """Pairs of the seed set a submission queues at once: all of them (fixed pairs), or min_pairs (adaptive)."""
+    noise = eng.ws.cfg.noise
+    return n_seeds if noise.pairs == "fixed" else max(1, min(noise.min_pairs, n_seeds))
+
+
+def _next_set_pair(eng: "Engine", c: dict, cand: dict, own: list[dict]) -> Optional[tuple[int, int]]:
+    """(seed, reference run) of the candidate's seed set it has no pair on yet, if the set is still current."""
+    set_index, seeds = eng.seed_set(c)
+    if cand["seed_set"] != set_index:
+        return None
+    used = {r["seed"] for r in own}
+    refs = _reference_rows(eng, c, seeds)
+    return next(((s, refs[s]) for s in seeds if s not in used and s in refs), None)
+
+
 # -- submit ------------------------------------------------------------------------------------------
 
-def submit(eng: "Engine", description: str, hypothesis: Optional[str] = None, session_id=None) -> SubmitResult:
+def submit(eng: "Engine", description: str, hypothesis: Optional[str] = None, session_id=None,
+           change: Optional[Change] = None) -> SubmitResult:
     description = textmod.clean(description, textmod.MAX_DESCRIPTION)
     if not description:
         raise LoopError("description is required: say in a few words what this experiment changes")
@@ -292,13 +313,15 @@ def submit(eng: "Engine", description: str, hypothesis: Optional[str] = None, se
         if no_baseline and identical:
             return _submit_baseline(eng, drv, c, session_id)
         src = eng._refuse_non_change(c)
+        if change is not None:
+            eng.check_change(c, change)
         sha = eng.text_sha(src)
         p = eng.ledger.prior_of_source(c["id"], sha, skip_statuses=("interrupted", "lost"))
         if p is not None:
             raise LoopError(f"exact repeat of experiment #{p['id']} ({p['description']!r}: status {p['status']}, "
                             f"verdict {p['verdict']}). Try something else; state_read(view='tried') lists what was tried.")
         _, seeds = eng.seed_set(c, rotate=not no_baseline)
-        need = len(seeds) + len([s for s in seeds if s not in _reference_rows(eng, c, seeds)])
+        need = first_wave(eng, len(seeds)) + len([s for s in seeds if s not in _reference_rows(eng, c, seeds)])
         room = _room(eng, c)
         if room is not None and need > room:
             raise LoopError(f"this experiment needs {need} runs but the budget has room for {max(room, 0)} (runs in "
@@ -308,7 +331,8 @@ def submit(eng: "Engine", description: str, hypothesis: Optional[str] = None, se
                                             f"refs/loopwright/submitted/{sha[:20]}")
         except gitops.GitError as e:
             raise LoopError(f"could not snapshot train.py: {e}") from None
-        cand, runs, refs, seeds = _plan_candidate(eng, drv, c, commit, description, hypothesis, sha, session_id)
+        cand, runs, refs, seeds = _plan_candidate(eng, drv, c, commit, description, hypothesis, sha, session_id,
+                                                  change.model_dump() if change is not None else None)
         eng.ledger.add_submission(c["id"], cand)
         return SubmitResult(experiment_id=cand, kind="candidate", commit=commit[:10], seeds=seeds, runs=runs,
                             reference_runs=refs, in_flight=drv.busy(), executor=drv.ex.kind,
@@ -378,7 +402,7 @@ def record(eng: "Engine", drv: Optional[Driver], out: RunOutcome, interrupted: b
             new_id = eng.ledger.start_experiment(
                 c["id"], row["description"], **{k: row[k] for k in (
                     "hypothesis", "commit_sha", "parent_commit", "is_baseline", "confirm_of", "source_sha", "seed",
-                    "role", "paired_with", "seed_set", "lines_added", "lines_removed", "session_id")})
+                    "role", "paired_with", "seed_set", "lines_added", "lines_removed", "session_id", "change")})
         eng.ledger.update_experiment(row["id"], status=status, finished_at=time.time(), started_at=started,
                                      reason=f"{out.reason or status}; " + (f"re-queued as #{new_id}" if new_id else
                                                                              "not re-queued (lost before)"),
@@ -469,8 +493,21 @@ def _decide(eng: "Engine", drv: Optional[Driver], c: dict, sub: dict) -> None:
     noise = eng.ws.cfg.noise
     n_confirms = sum(r["role"] == "confirm" and r["status"] == "ok" for r in own)
     v = verdict.decide([p.d for p in pairs], sig, noise, n_planned=noise.baseline_seeds, n_confirms=n_confirms)
+    nxt = _next_set_pair(eng, c, cand, own) if v.kind == "retest" and noise.pairs == "adaptive" else None
+    room = _room(eng, c)
+    if nxt is not None and drv is not None and (room is None or room >= 1):
+        # adaptive pairs, still uncertain: the next seed of the set, paired with the best's run on it
+        for r in own:
+            eng.ledger.update_experiment(r["id"], verdict="retest", verdict_reason=v.reason)
+        run = eng.ledger.start_experiment(
+            c["id"], f"{cand['description']} [seed {nxt[0]}]", hypothesis=cand["hypothesis"],
+            commit_sha=cand["commit_sha"], parent_commit=cand["parent_commit"], confirm_of=cand["id"],
+            source_sha=cand["source_sha"], seed=nxt[0], role="pair", paired_with=nxt[1],
+            session_id=cand["session_id"], lines_added=cand["lines_added"], lines_removed=cand["lines_removed"],
+            seed_set=cand["seed_set"])
+        _queue_row(eng, drv, c, run)
+        return
     if v.kind == "retest":
-        room = _room(eng, c)
         if drv is not None and (room is None or room >= 2):
             for r in own:
                 eng.ledger.update_experiment(r["id"], verdict="retest", verdict_reason=v.reason)
@@ -546,7 +583,7 @@ def _rebase(eng: "Engine", drv: Optional[Driver], c: dict, sub: dict, cand: dict
     commit = gitops.snapshot_commit(root, best, merged, f"experiment: {cand['description']} (rebased onto "
                                     f"{best[:10]})", f"refs/loopwright/submitted/{sha[:20]}")
     new, _, _, _ = _plan_candidate(eng, drv, c, commit, cand["description"], cand["hypothesis"], sha,
-                                   cand["session_id"])
+                                   cand["session_id"], cand["change"])
     for r in own:
         eng.ledger.update_experiment(r["id"], verdict="discard", verdict_reason=f"{stale}; rebased onto it and "
                                      f"re-measured as #{new}")

@@ -35,7 +35,7 @@ FROZEN_SECTIONS = ("benchmark", "paths", "noise")
 LATE_FROZEN_FIELDS: tuple[tuple[str, str], ...] = (
     ("noise", "sigma_prior"), ("noise", "prior_pairs"), ("noise", "rotate_every"), ("noise", "early_stop"),
     ("benchmark", "clock"), ("benchmark", "budget_tokens"), ("noise", "large_effect_sigmas"),
-    ("noise", "first_seed"),
+    ("noise", "first_seed"), ("noise", "pairs"), ("noise", "min_pairs"), ("noise", "max_pairs"),
 )
 OPERATIONAL_SECTIONS = ("campaign", "budget", "schedule", "slack", "jira", "webhook", "executor")
 
@@ -83,7 +83,10 @@ class CampaignConfig(_Section):
 CPU_WALL_FACTOR = 4.0   # = bench/gpt/prepare.py's: cpu/steps clocks get this many budgets of wall clock
 
 
-NAMED_CORPORA = ("stdlib", "tinystories", "climbmix")   # anything else is a PATH to the user's text
+# anything else is a PATH to the user's text. stdlib-hidden (the default): val/test are stdlib modules that
+# train.py's sandbox hides (bench/gpt/prepare.py HELDOUT_STDLIB); stdlib: val/test any Python can read
+NAMED_CORPORA = ("stdlib-hidden", "stdlib", "tinystories", "climbmix")
+DEFAULT_CORPUS = "stdlib-hidden"
 
 
 class BenchmarkConfig(_Section):
@@ -96,7 +99,7 @@ class BenchmarkConfig(_Section):
     seq_len: int = Field(default=256, ge=8, le=65536)
     eval_tokens: int = Field(default=131072, ge=1024)
     metric: Literal["val_bpb"] = "val_bpb"
-    corpus: str = "stdlib"
+    corpus: str = DEFAULT_CORPUS
     tokenizer: Literal["byte", "bpe"] = "byte"
     eval_timeout: float = Field(default=600.0, gt=0)
 
@@ -160,11 +163,27 @@ class NoiseConfig(_Section):
     rotate_every: int = Field(default=6, ge=0, description="candidates per seed set before a fresh one (0 = never)")
     first_seed: int = Field(default=1001, ge=0, le=2**31 - 1,
                             description="the campaign's first seed; each fresh seed set continues after the highest used")
-    early_stop: bool = Field(default=True, description="stop after the first pair when it is clearly worse")
+    early_stop: bool = Field(default=True, description="fixed pairs: stop after the first pair when it is "
+                               "clearly worse (adaptive pairs stop by their own test)")
     large_effect_sigmas: float = Field(
         default=5.0, ge=0, description="comparisons whose mean paired difference is beyond this many sigma_d are "
         "left out of sigma_d (0 = none): a big effect's spread over seeds says how that effect varies with the "
         "seed, not how noisy the measurement of a small change is")
+    # adaptive pairs (mcp_server/loop/sequential.py). The default stays "fixed" so that a workspace made before
+    # this field existed keeps the verdict rule its lock was made for (BENCHMARKS.md "Adaptive pairs" compares them).
+    pairs: Literal["adaptive", "fixed"] = Field(default="fixed", description=(
+        "adaptive: a sequential test after each pair, more pairs only while the call is close (up to max_pairs); "
+        "fixed: the whole seed set, then retests near the bar"))
+    min_pairs: int = Field(default=1, ge=1, le=50, description="adaptive pairs: pairs before any verdict")
+    max_pairs: int = Field(default=6, ge=1, le=50, description="adaptive pairs: the most pairs a candidate "
+                           "gets (the seed set, then fresh-seed confirm pairs); the test decides at this many")
+
+    @model_validator(mode="after")
+    def _pairs_bounds(self) -> "NoiseConfig":
+        if self.min_pairs > self.max_pairs:
+            raise ValueError(f"noise.min_pairs ({self.min_pairs}) is more than noise.max_pairs ({self.max_pairs}); "
+                             "set min_pairs <= max_pairs (e.g. min_pairs = 1, max_pairs = 6)")
+        return self
 
 
 class BudgetConfig(_Section):

@@ -13,7 +13,7 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator, Mapping, Optional
 
 from mcp_server.common import procs
 from mcp_server.common.locks import FileLock
@@ -21,10 +21,12 @@ from mcp_server.ledger.store import SeedSet
 from mcp_server.loop import approvals, asyncrun, gitops, integrity, runner, verdict
 from mcp_server.loop import budget as budgetmod
 from mcp_server.loop import text as textmod
+from mcp_server.loop.change import as_change, check_against
 from mcp_server.loop.errors import Busy, Interrupted, LoopError
 from mcp_server.loop.models import (
     BaselineInfo,
     BudgetResult,
+    Change,
     ExperimentResult,
     ExperimentRow,
     NoiseInfo,
@@ -193,7 +195,7 @@ class Engine:
         the baseline; otherwise 'reference' runs attached to the kept experiment. Counted as runs."""
         have = self.reference_runs(c)
         missing = [s for s in seeds if s not in have]
-        out = []
+        out: list[dict] = []
         if not missing:
             return out
         best_id = c["best_experiment_id"]
@@ -207,7 +209,8 @@ class Engine:
                     raise LoopError(f"the best version itself failed on seed {s} ({exp.status}: {exp.reason}). "
                                     f"The benchmark is broken on this machine, not your change; log tail:\n"
                                     f"{exp.log_tail}")
-                out.append(self.ledger.experiment(exp.experiment_id))
+                assert exp.experiment_id is not None   # _execute always records the run
+                out.append(self.ledger.recorded_experiment(exp.experiment_id))
         return out
 
     # -- locking and recovery -------------------------------------------------
@@ -297,7 +300,7 @@ class Engine:
         self.notices.append(text)
         print(f"loopwright: {text}", file=sys.stderr, flush=True)
 
-    def save_backup(self, files: dict[str, Optional[bytes]], why: str) -> Path:
+    def save_backup(self, files: Mapping[str, Optional[bytes]], why: str) -> Path:
         """Copies of editable files in a fresh folder under the state dir's backups/ (the newest MAX_BACKUPS
         folders are kept); its path."""
         root = self.ws.state_dir / BACKUPS
@@ -434,7 +437,8 @@ class Engine:
     def run_experiment(self, description: str, hypothesis: Optional[str] = None,
                        confirm_of: Optional[int] = None, on_progress: Optional[runner.ProgressFn] = None,
                        session_id: Optional[int] = None,
-                       approved_by_person: Optional[approvals.Approved] = None) -> ExperimentResult:
+                       approved_by_person: Optional[approvals.Approved] = None,
+                       change: Optional[Change | dict] = None) -> ExperimentResult:
         """Run the change in the working tree (committed first) on the seed set, or with confirm_of a confirm
         run of a retest. approved_by_person (only from a person's process: loop/decisions.py) runs exactly
         its commit instead, never the working tree, and is neither held nor delayed by other approvals."""
@@ -444,6 +448,10 @@ class Engine:
             raise LoopError("description is required: say in a few words what this experiment changes")
         if confirm_of is not None:
             confirm_of = _experiment_id(confirm_of, "confirm_of")
+        structured = as_change(change)
+        if structured is not None and confirm_of is not None:
+            raise LoopError("change describes a new candidate; a confirm run re-runs the retest's own change, "
+                            "so leave change out with confirm_of")
         with self.exclusive():
             c = self.campaign
             pending = self.ledger.submissions(c["id"], open_only=True)
@@ -478,7 +486,7 @@ class Engine:
             if confirm_of is not None:
                 res = self._run_confirm(c, confirm_of, description, on_progress, session_id, bound)
             else:
-                res = self._run_candidate(c, description, hypothesis, on_progress, session_id, bound)
+                res = self._run_candidate(c, description, hypothesis, on_progress, session_id, bound, structured)
             res.baseline = baseline
             res.reference_runs += len(refs)
             if res.status != "ok":   # an ok run waits for score(): the end is recorded after the keep it may make
@@ -509,8 +517,8 @@ class Engine:
         sd, _ = self.sigma_paired(c)
         n = self.ws.cfg.noise
         return BaselineInfo(samples=samples, mean=statistics.fmean(samples), sigma=sig,
-                            keep_threshold=verdict.bar(sd, n, len(seeds)), sigma_paired=sd,
-                            mde=verdict.mde(sd, n, len(seeds)), seeds=seeds)
+                            keep_threshold=verdict.keep_bar(sd, n, len(seeds)), sigma_paired=sd,
+                            mde=verdict.achieved_mde(sd, n), seeds=seeds)
 
     def _baseline_result(self, c: dict, baseline: BaselineInfo) -> ExperimentResult:
         last = self.ledger.experiments(c["id"], limit=1, newest_first=True)[0]
@@ -524,6 +532,13 @@ class Engine:
                        f"paired differences: a keep needs a mean paired gain of {baseline.keep_threshold:.4f} "
                        f"(detectable effect ~{baseline.mde:.4f}). Edit train.py and call "
                        "run_experiment(description, hypothesis)."))
+
+    def check_change(self, c: dict, change: Change, commit: Optional[str] = None) -> None:
+        """A LoopError unless `change` agrees with train.py: the best version's against `commit`'s (None:
+        the working tree's)."""
+        rel = self.ws.cfg.paths.editable[0]
+        after = self._tree_files() if commit is None else self.files_at(commit)
+        check_against(change, self.files_at(c["best_commit"]).get(rel), after.get(rel), rel)
 
     def _refuse_non_change(self, c, bound: Optional[approvals.Approved] = None) -> str:
         """train.py's source (the working tree's, or the approved commit's), unless it is no real change from
@@ -542,8 +557,11 @@ class Engine:
         return src
 
     def _run_candidate(self, c, description, hypothesis, on_progress, session_id,
-                       bound: Optional[approvals.Approved] = None) -> ExperimentResult:
+                       bound: Optional[approvals.Approved] = None,
+                       change: Optional[Change] = None) -> ExperimentResult:
         src = self._refuse_non_change(c, bound)
+        if change is not None:
+            self.check_change(c, change, None if bound is None else bound.commit)
         sha = self.text_sha(src)
         p = self.ledger.prior_of_source(c["id"], sha, skip_statuses=("interrupted",),
                                         skip_reason_prefix=INTERRUPTED_REASON)
@@ -576,23 +594,23 @@ class Engine:
         noise = self.ws.cfg.noise
         res = self._execute(c, description, hypothesis, commit, c["best_commit"], on_progress, session_id,
                             source_sha=sha, seed=seeds[0], role="candidate", paired_with=refs[seeds[0]]["id"],
-                            seed_set=set_index)
+                            seed_set=set_index, change=change)
         res.warnings.extend(warnings)
         if res.status != "ok":
             return res
         eid = res.experiment_id
+        assert eid is not None   # a run that ran was recorded
         try:
-            d1 = res.val_bpb - refs[seeds[0]]["val_bpb"]
-            if noise.early_stop and len(seeds) > 1 and verdict.clearly_worse(d1, self.sigma_paired(c)[0], noise):
-                res.early_stopped = True
-            else:
-                for s in seeds[1:]:   # the rest of the seed set, each paired with the reference's run on it
-                    r = self._execute(c, f"{description} [seed {s}]", hypothesis, commit, c["best_commit"],
-                                      on_progress, session_id, confirm_of=eid, source_sha=sha, seed=s, role="pair",
-                                      paired_with=refs[s]["id"], seed_set=set_index)
-                    if r.status != "ok":
-                        r.warnings.extend(warnings)
-                        return r
+            for s in seeds[1:]:   # the rest of the seed set, each paired with the reference's run on it
+                if verdict.enough_pairs([p.d for p in self._pairs(eid)], self.sigma_paired(c)[0], noise, len(seeds)):
+                    res.early_stopped = True   # the verdict is already clear: skip the rest of the seed set
+                    break
+                r = self._execute(c, f"{description} [seed {s}]", hypothesis, commit, c["best_commit"],
+                                  on_progress, session_id, confirm_of=eid, source_sha=sha, seed=s, role="pair",
+                                  paired_with=refs[s]["id"], seed_set=set_index)
+                if r.status != "ok":
+                    r.warnings.extend(warnings)
+                    return r
         except BaseException as e:   # Ctrl-C, a signal, the server ending: never left waiting for a score
             cand = self.ledger.experiment(eid)
             if cand is not None and cand["verdict"] is None:
@@ -604,7 +622,7 @@ class Engine:
 
     def _pairs(self, exp_id: int) -> list[PairInfo]:
         out = []
-        for r in [self.ledger.experiment(exp_id)] + self.ledger.confirm_runs(exp_id):
+        for r in [self.ledger.recorded_experiment(exp_id)] + self.ledger.confirm_runs(exp_id):
             if r["status"] != "ok" or r["val_bpb"] is None or r["paired_with"] is None:
                 continue
             ref = self.ledger.experiment(r["paired_with"])
@@ -621,7 +639,8 @@ class Engine:
         if pairs:
             res.val_bpb = round(statistics.fmean(p.candidate for p in pairs), 6)
             res.delta_vs_best = round(statistics.fmean(p.d for p in pairs), 6)
-        how = ("clearly worse on the first pair, so the other seeds were not run. " if res.early_stopped else "")
+        how = (f"the verdict was clear after {len(pairs)} pair(s), so the rest of the seed set was not run. "
+               if res.early_stopped else "")
         res.next_step = (f"{how}Ran on {len(pairs)} seed(s) paired with the best version (mean paired delta "
                          f"{res.delta_vs_best:+.5f}). Call score(experiment_id={eid}) for the verdict.")
         return res
@@ -666,7 +685,7 @@ class Engine:
 
     def _execute(self, c, description, hypothesis, commit, parent, on_progress, session_id, *, seed: int,
                  is_baseline=False, confirm_of=None, source_sha=None, role=None, paired_with=None,
-                 seed_set=None) -> ExperimentResult:
+                 seed_set=None, change: Optional[Change] = None) -> ExperimentResult:
         t_start = time.monotonic()
         added, removed = (0, 0) if commit == parent else gitops.diff_stats(
             self.ws.root, parent, commit, self.ws.cfg.paths.editable[0])
@@ -674,7 +693,7 @@ class Engine:
             c["id"], description, hypothesis=hypothesis, commit_sha=commit, parent_commit=parent,
             is_baseline=int(is_baseline), confirm_of=confirm_of, source_sha=source_sha, lines_added=added,
             lines_removed=removed, session_id=session_id, role=role, paired_with=paired_with, seed_set=seed_set,
-            seed=seed)
+            seed=seed, change=None if change is None else change.model_dump())
         run_dir = self.ws.run_dir(eid)
         try:
             ledger_before = self._ledger_digest(eid)
@@ -708,6 +727,7 @@ class Engine:
             if problems:
                 status, reason = "rejected", "; ".join(problems)
             elif tr.status == "ok":
+                assert tr.model_path is not None   # an ok training run always leaves its model
                 ev = runner.run_evaluation(self.ws, c["pinned_commit"], run_dir, tr.model_path)
                 if not ev.ok:
                     status, reason = "rejected", f"the evaluator rejected the model: {ev.reason}"
@@ -729,7 +749,7 @@ class Engine:
             if not is_baseline and role != "reference":
                 gitops.reset_to(self.ws.root, c["best_commit"])
             raise
-        row = self.ledger.experiment(eid)
+        row = self.ledger.recorded_experiment(eid)
         if status != "ok" and not is_baseline and role != "reference":
             self._after_failure(c, row, confirm_of)
         return self._result(c, row)
@@ -831,14 +851,14 @@ class Engine:
                 nxt = "Discarded: train.py is back at the best version. Note the dead end, then try something else."
             self._maybe_plateau(c)
             self._record_if_budget_spent(c)
-            c = self.ledger.campaign(c["id"])
+            c = self.ledger.recorded_campaign(c["id"])
             best_after, _ = self.best(c)
             lo, hi = verdict.paired_interval(diffs, sig)
             return ScoreResult(experiment_id=exp["id"], verdict=v.kind, gain=round(v.gain, 6),
                                threshold=round(v.threshold, 6), sigma=round(sig, 6), samples=samples,
                                best_val_bpb=best_after, best_commit=c["best_commit"][:10], reason=v.reason,
                                pairs=pairs, interval=(round(lo, 6), round(hi, 6)), early_stop=v.early_stop,
-                               mde=round(verdict.mde(sig, noise, noise.baseline_seeds), 6), next_step=nxt)
+                               mde=round(verdict.achieved_mde(sig, noise), 6), next_step=nxt)
 
     def _record_keep(self, c: dict, exp: dict, v: verdict.Verdict, samples: list[float], previous: float,
                      sig: float) -> None:
@@ -868,7 +888,7 @@ class Engine:
                 raise LoopError(f"experiment {experiment_id} does not exist in this campaign; "
                                 "state_read(view='history') lists experiment ids")
             if exp["confirm_of"] is not None:
-                exp = self.ledger.experiment(exp["confirm_of"])
+                exp = self.ledger.recorded_experiment(exp["confirm_of"])
         if exp["is_baseline"]:
             raise LoopError(f"experiment {exp['id']} is a baseline run; baselines are not scored")
         if exp["status"] != "ok":
@@ -902,7 +922,7 @@ class Engine:
 
     # -- asynchronous experiments (loop/asyncrun.py, on the executor of the [executor] settings) ----------
     def submit_experiment(self, description: str, hypothesis: Optional[str] = None,
-                          session_id: Optional[int] = None) -> SubmitResult:
+                          session_id: Optional[int] = None, change: Optional[Change | dict] = None) -> SubmitResult:
         """Snapshot train.py into a commit (branch, index and working tree untouched: the agent edits on),
         queue its runs on the executor -- any reference runs of the best it needs, then the candidate on
         every seed of the seed set, paired, in parallel up to `[executor] parallel` -- and return its id at
@@ -910,7 +930,7 @@ class Engine:
         all its runs are in, against the best at that time (a stale candidate is rebased and re-measured);
         wait() or state_read() record it. Raises LoopError (nothing recorded) when the budget cannot hold
         its runs, the executor cannot be reached, or another process drives this workspace."""
-        return asyncrun.submit(self, description, hypothesis, session_id)
+        return asyncrun.submit(self, description, hypothesis, session_id, as_change(change))
 
     def wait(self, ids: Optional[list[int]] = None, timeout: float = 600.0) -> WaitResult:
         """Record finished runs and decide what can be decided; block until every id in `ids` is decided
@@ -934,6 +954,7 @@ class Engine:
             c = self.campaign
             if to is None:
                 commit, eid = c["best_commit"], c["best_experiment_id"]
+                moves_branch = True
             else:
                 exp = self.ledger.experiment(_experiment_id(to, "to"))
                 if exp is None or exp["campaign_id"] != c["id"]:
@@ -942,12 +963,13 @@ class Engine:
                     raise LoopError(f"experiment {to} has verdict {exp['verdict']!r}; revert goes to the best, a kept "
                                     "experiment, a baseline, or a pending retest")
                 commit, eid = exp["commit_sha"], exp["id"]
+                moves_branch = exp["verdict"] == "retest"
             # an uncommitted edit (not in HEAD, not what the revert puts there) is saved before it is overwritten
             now, head, target = self._tree_files(), self.files_at(gitops.head_sha(self.ws.root)), self.files_at(commit)
             lost = {rel: data for rel, data in now.items() if data is not None and data != head[rel]
                     and data != target[rel]}
             backup = self.save_backup(lost, "before-revert") if lost else None
-            if to is None or commit == c["best_commit"] or exp["verdict"] == "retest":
+            if moves_branch or commit == c["best_commit"]:
                 gitops.reset_to(self.ws.root, commit)   # the branch itself moves (best, or a pending retest)
             else:
                 gitops.checkout_files(self.ws.root, commit, self.ws.cfg.paths.editable)
@@ -1009,7 +1031,7 @@ class Engine:
                "Budget remains: keep going (state_read, edit train.py, run_experiment, score).")
         sd, _ = self.sigma_paired(c)
         noise = self.ws.cfg.noise
-        bar, mde = verdict.bar(sd, noise, noise.baseline_seeds), verdict.mde(sd, noise, noise.baseline_seeds)
+        bar, mde = verdict.keep_bar(sd, noise, noise.baseline_seeds), verdict.achieved_mde(sd, noise)
         runs = self.next_experiment_runs(c)
         if not should_stop:
             left = "" if st.runs_left is None else f" ({st.runs_left} left in the budget)"
@@ -1090,7 +1112,7 @@ class Engine:
                                self.ledger.experiments(c["id"], limit=limit, newest_first=True)]
         elif view == "best":
             if c["best_experiment_id"]:
-                out.best = ExperimentRow.from_row(self.ledger.experiment(c["best_experiment_id"]))
+                out.best = ExperimentRow.from_row(self.ledger.recorded_experiment(c["best_experiment_id"]))
             out.summary = self.summary(c)
         elif view == "notes":
             out.notes = [NoteRow(**_pick(n, NoteRow)) for n in self.ledger.notes(c["id"], limit=limit)]
@@ -1110,9 +1132,12 @@ class Engine:
         return NoiseInfo(baseline_samples=base, baseline_mean=statistics.fmean(base) if base else None, sigma=sig,
                          min_delta=n.min_delta, k_sigma=n.k_sigma, single_run_threshold=verdict.bar(sd, n, 1),
                          sigma_paired=sd, paired_dof=dof, seeds=seeds, seed_set=idx,
-                         keep_threshold=verdict.bar(sd, n, len(seeds)), mde=verdict.mde(sd, n, len(seeds)),
-                         rule=(f"candidates run on the reference's seeds; keep iff mean(candidate - reference) <= "
-                               f"-max({n.min_delta}, {n.k_sigma} * sigma_paired / sqrt(n)); sigma_paired pools "
+                         keep_threshold=verdict.keep_bar(sd, n, len(seeds)), mde=verdict.achieved_mde(sd, n),
+                         rule=("candidates run on the reference's seeds; keep iff mean(candidate - reference) <= "
+                               + (f"-max({n.min_delta}, {n.k_sigma} * sigma_paired / sqrt(n))" if n.pairs == "fixed" else
+                                  f"minus the sequential keep bound after n pairs (adaptive pairs: one more pair while "
+                                  f"the call is close, at most {n.max_pairs})")
+                               + f"; sigma_paired pools "
                                f"{dof} dof of this campaign's pairs with a prior {n.sigma_prior} worth "
                                f"{n.prior_pairs:g} pairs; fresh seed set every {n.rotate_every} candidates"))
 

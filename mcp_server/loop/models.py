@@ -1,11 +1,32 @@
 """Pydantic models of what the loop returns (the MCP tools' output schemas)."""
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal, Optional, Union
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mcp_server.loop.budget import BudgetStatus
+
+Scalar = Union[bool, int, float, str]
+
+
+class Change(BaseModel):
+    """What an experiment changed, as data: one named constant of train.py from one value to another
+    (e.g. {"name": "LR", "old": 0.004, "new": 0.008}). Optional; recorded with the experiment."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str = Field(description="the constant's name in train.py, e.g. LR", min_length=1, max_length=64,
+                      pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    old: Scalar = Field(description="its value at the best version, e.g. 0.004")
+    new: Scalar = Field(description="its value in this experiment, e.g. 0.008")
+
+    @model_validator(mode="after")
+    def _a_real_change(self) -> "Change":
+        for side in (self.old, self.new):
+            if isinstance(side, str) and not 0 < len(side) <= 200:
+                raise ValueError("a value given as text must be 1 to 200 characters")
+        if type(self.old) is type(self.new) and self.old == self.new:
+            raise ValueError(f"old and new are the same ({self.old!r}): that is not a change")
+        return self
 
 
 class ExperimentRow(BaseModel):
@@ -24,6 +45,7 @@ class ExperimentRow(BaseModel):
     lines_removed: Optional[int] = None
     role: Optional[str] = Field(None, description="baseline | candidate | pair | confirm | reference")
     paired_with: Optional[int] = Field(None, description="the reference run on the same seed")
+    change: Optional[Change] = Field(None, description="the structured change run_experiment was given, if any")
 
     @classmethod
     def from_row(cls, r: dict) -> "ExperimentRow":
@@ -31,7 +53,8 @@ class ExperimentRow(BaseModel):
                    verdict=r["verdict"], val_bpb=r["val_bpb"], commit=(r["commit_sha"] or "")[:10] or None,
                    seed=r["seed"], confirm_of=r["confirm_of"], is_baseline=bool(r["is_baseline"]),
                    reason=r["reason"] or r["verdict_reason"], lines_added=r["lines_added"],
-                   lines_removed=r["lines_removed"], role=r.get("role"), paired_with=r.get("paired_with"))
+                   lines_removed=r["lines_removed"], role=r.get("role"), paired_with=r.get("paired_with"),
+                   change=Change.model_construct(**r["change"]) if r.get("change") else None)
 
 
 class BaselineInfo(BaseModel):
@@ -72,7 +95,9 @@ class ExperimentResult(BaseModel):
     baseline: Optional[BaselineInfo] = None
     pairs: list[PairInfo] = Field(default_factory=list, description="seed-matched (candidate, reference) runs")
     reference_runs: int = Field(0, description="runs of the best version made by this call (new seeds)")
-    early_stopped: bool = Field(False, description="clearly worse on the first pair: the rest was not run")
+    early_stopped: bool = Field(False, description=(
+        "the verdict was clear before the seed set ended (clearly worse on the first pair; adaptive pairs: "
+        "either way): the rest was not run"))
     warnings: list[str] = Field(default_factory=list)
     next_step: str
 

@@ -98,13 +98,14 @@ def replay(eng, seeds: int = 3, keeps_only: bool = True, on_run: Optional[Callab
             fresh = eng._fresh_seeds(c, seeds)
             pairs = []
             for s in fresh:
-                vals = {}
+                vals: dict[str, Optional[float]] = {}
                 for side, commit in (("parent", keep["parent_commit"]), ("child", keep["commit_sha"])):
                     say(f"replay {number}: #{keep['id']} {side} on seed {s}")
                     vals[side] = _run(eng, c, number, keep, side, commit, s, on_progress)
                     runs += 1
-                d = None if None in vals.values() else round(vals["child"] - vals["parent"], 6)
-                pairs.append(ReplayPair(seed=s, parent=vals["parent"], child=vals["child"], d=d))
+                parent, child = vals["parent"], vals["child"]
+                d = None if parent is None or child is None else round(child - parent, 6)
+                pairs.append(ReplayPair(seed=s, parent=parent, child=child, d=d))
             k = summarise(keep, pairs)
             say(f"replay {number}: #{keep['id']} {keep['description']}: {k.outcome} "
                 f"(gain {k.gain if k.gain is not None else float('nan'):+.4f}, {k.wins}/{len(pairs)} seeds)")
@@ -129,6 +130,7 @@ def _run(eng, c: dict, number: int, keep: dict, side: str, commit: str, seed: in
                 integrity.restore(eng.ws, c["pinned_commit"], mism)
                 status, reason = "rejected", f"changed frozen files: {integrity.describe(mism)}"
             elif tr.status == "ok":
+                assert tr.model_path is not None   # an ok training run always leaves its model
                 ev = runner.run_evaluation(eng.ws, c["pinned_commit"], run_dir, tr.model_path)
                 if ev.ok:
                     val = ev.val_bpb

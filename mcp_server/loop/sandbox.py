@@ -301,12 +301,15 @@ def build_command(argv: Sequence[str], *, mode: Literal["train", "eval"] = "trai
     # libraries named by the environment (CUDA under ~/ or /opt, conda) must stay visible
     lib_dirs = [d for var in ("LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH")
                 for d in env.get(var, "").split(":") if d and os.path.isdir(d)]
+    shown: list[str] = []   # paths below a mask shown again: a hidden file in them must be covered too
     for p in python_paths() + [_real(d) for d in lib_dirs]:
         if any(_under(p, m) for m in masks) and not any(_under(p, h) for h in hide_real) and os.path.exists(p):
             ops.append((depth(p), 1, ["--ro-bind", p, p]))
+            shown.append(p)
     for p in (_real(p) for p in ro_binds):    # asked for by name: shown even below a hidden path
         if any(_under(p, m) for m in masks) and os.path.exists(p):
             ops.append((depth(p), 1, ["--ro-bind", p, p]))
+            shown.append(p)
     # hidden paths inside the workspace; one that holds the workspace (an executor's working copy lives
     # in a hidden worker dir or state dir) is masked, and the workspace shown again on top of it
     hide_in_ws = [h for h in hide_real if ws_real and _under(h, ws_real) and h != ws_real]
@@ -321,8 +324,8 @@ def build_command(argv: Sequence[str], *, mode: Literal["train", "eval"] = "trai
                 ops.append((depth(src), 1, ["--symlink", os.readlink(src), src]))
             else:
                 ops.append((depth(src), 1, ["--ro-bind", src, src]))
-    for h in hide_real:   # a hidden file (a corpus file): an empty file in its place
-        if os.path.isfile(h) and not any(_under(h, m) for m in masks):
+    for h in hide_real:   # a hidden file (a corpus file, a held-out stdlib module): an empty file in its place
+        if os.path.isfile(h) and (not any(_under(h, m) for m in masks) or any(_under(h, p) for p in shown)):
             ops.append((depth(h), 5, ["--ro-bind", "/dev/null", h]))
     writable = [_real(p) for p in rw_binds]
     if scratch is not None:
@@ -525,11 +528,58 @@ PUBLIC_CORPUS_NOTE = (
     "the stdlib corpus is for trying loopwright: its val/test text is the Python standard library, which every "
     "Python on this machine can read, so a train.py could rebuild the held-out splits and memorise them. Keeps "
     "on it are no proof against an agent you do not trust; for those campaigns use a corpus train.py cannot "
-    "read (`--corpus tinystories`, or `--corpus PATH` with your own text: hidden from train.py's sandbox)")
+    "read (the default `--corpus stdlib-hidden`, `--corpus tinystories`, or `--corpus PATH` with your own text: "
+    "hidden from train.py's sandbox)")
+
+# The default corpus: its val/test are these standard-library modules (= bench/gpt/prepare.py's HELDOUT_STDLIB,
+# which cannot import this; tests/test_hidden_corpus.py checks they agree), hidden from agent code in every
+# Python installation heldout_stdlib_paths() finds. Training, numpy, torch and prepare.py import none of them.
+HELDOUT_CORPUS = "stdlib-hidden"
+HELDOUT_STDLIB = ("xmlrpc", "wsgiref", "curses", "dbm", "mailbox", "imaplib", "smtplib", "ftplib", "poplib",
+                  "nntplib", "telnetlib")
 
 
 def corpus_is_public(corpus: str) -> bool:
     return corpus == "stdlib"
+
+
+def stdlib_roots() -> list[Path]:
+    """The standard libraries on this machine that a train.py could read: this interpreter's, and those of
+    other Pythons at the usual places (the system's, /usr/local, pyenv siblings, conda). Another copy
+    elsewhere (a source tree, a package cache) is not found: see the README's threat model."""
+    prefixes = {sys.base_prefix, sys.prefix, "/usr", "/usr/local", "/opt/homebrew", "/opt/*", "/opt/*/envs/*",
+                os.path.join(os.path.dirname(sys.base_prefix), "*")}
+    found = {sysconfig.get_paths()["stdlib"]}
+    for pre in prefixes:
+        for lib in ("lib", "lib64"):
+            found.update(glob.glob(os.path.join(pre, lib, "python3*")))
+    out: list[Path] = []
+    for d in sorted(found):
+        real = Path(_real(d))
+        if (real / "os.py").is_file() and real not in out:
+            out.append(real)
+    return out
+
+
+def heldout_stdlib_paths() -> list[Path]:
+    """What hides stdlib-hidden's val/test text: each held-out package (folder) or module (.py, and its
+    compiled caches, which hold its strings) in every standard library stdlib_roots() finds."""
+    out: list[Path] = []
+    for root in stdlib_roots():
+        for name in HELDOUT_STDLIB:
+            if (root / name).is_dir():
+                out.append(root / name)
+            if (root / f"{name}.py").is_file():
+                out.append(root / f"{name}.py")
+            out += sorted(Path(p) for p in glob.glob(os.path.join(root, "__pycache__", f"{name}.*.pyc")))
+    return out
+
+
+def agent_private_paths(corpus: str, root: Optional[os.PathLike | str] = None) -> list[str]:
+    """What the agent's own shell (the clients' sandboxes) must not read besides the state dirs: the corpus the
+    splits are cut from when it is on disk -- a PATH, or stdlib-hidden's held-out modules, which the agent could
+    otherwise paste into train.py as its training text (the named downloads live in the hidden state)."""
+    return [str(p) for p in _corpus_paths(corpus, root)]
 
 
 def worker_root() -> Path:
@@ -545,6 +595,8 @@ def worker_root() -> Path:
 def _corpus_paths(corpus: str, root: Optional[os.PathLike | str] = None) -> list[Path]:
     from mcp_server.loop.config import NAMED_CORPORA
 
+    if corpus == HELDOUT_CORPUS:
+        return heldout_stdlib_paths()
     if not corpus or corpus in NAMED_CORPORA:
         return []
     path = Path(corpus).expanduser()
@@ -554,8 +606,9 @@ def _corpus_paths(corpus: str, root: Optional[os.PathLike | str] = None) -> list
 
 
 def corpus_sources(ws) -> list[Path]:
-    """The workspace's corpus on disk when it is a PATH (the named ones are downloaded into the hidden
-    state dir, except stdlib, which no sandbox that runs Python can hide: see docs/security.md)."""
+    """The workspace's corpus on disk when it is a PATH, or stdlib-hidden's held-out modules (the other named
+    ones are downloaded into the hidden state dir, except stdlib, which no sandbox that runs Python can hide:
+    see docs/security.md)."""
     corpus = str(getattr(getattr(getattr(ws, "cfg", None), "benchmark", None), "corpus", "") or "")
     return _corpus_paths(corpus, getattr(ws, "root", None))
 

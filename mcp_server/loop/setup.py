@@ -58,18 +58,19 @@ def agent_pointer(kind: str) -> str:
 
 
 def client_configs(root: Path, python: str, state_dir: Optional[Path] = None,
-                   wiring: str | Mapping[str, str] = "workspace", corpus: str = "stdlib",
+                   wiring: str | Mapping[str, str] = "workspace", corpus: str = cfgmod.DEFAULT_CORPUS,
                    mcp_url: Optional[str] = None) -> dict[str, str]:
     """The client files a workspace carries for `wiring` (agents/clients.py is their one home); a corpus
     on disk is kept from the agent's shell like the state dir. `mcp_url`: the clients reach a running server
     there (the separate-user deployment) instead of starting one."""
     from mcp_server.agents import clients
+    from mcp_server.loop.sandbox import agent_private_paths
 
-    private = [] if corpus in cfgmod.NAMED_CORPORA else [corpus]
+    private = agent_private_paths(corpus, root)
     return clients.workspace_files(root, python, state_dir, wiring, private=private, mcp_url=mcp_url)
 
 
-def init_workspace(directory: Path | str, tag: str = "main", corpus: str = "stdlib",
+def init_workspace(directory: Path | str, tag: str = "main", corpus: str = cfgmod.DEFAULT_CORPUS,
                    time_budget: Optional[float] = None, force: bool = False,
                    overrides: Optional[dict] = None, bench_dir: Optional[Path] = None,
                    wiring: str | Mapping[str, str] = "workspace", mcp_url: Optional[str] = None) -> Workspace:
@@ -96,8 +97,8 @@ def init_workspace(directory: Path | str, tag: str = "main", corpus: str = "stdl
     bench_version(src)   # a malformed VERSION is refused before anything is created
     if corpus not in cfgmod.NAMED_CORPORA:
         if not Path(corpus).expanduser().exists():
-            raise WorkspaceError(f"--corpus {corpus!r}: no such file or folder; use stdlib, tinystories, climbmix "
-                                 "or a path to text files")
+            raise WorkspaceError(f"--corpus {corpus!r}: no such file or folder; use stdlib-hidden, stdlib, "
+                                 "tinystories, climbmix or a path to text files")
         corpus = str(Path(corpus).expanduser().resolve())
         if Path(corpus) == root or root in Path(corpus).parents or Path(corpus) in root.parents:
             raise WorkspaceError(f"--corpus {corpus} is inside the workspace {root} (or contains it): the agent "

@@ -24,6 +24,10 @@ The rule (docs/statistics.md):
   tuned to a few seeds. A seed-only change can never be kept.
 * MDE: the true gain that is kept with 80 % probability at the current sigma_d and
   n pairs, bar + 0.84 * sigma_d / sqrt(n).
+
+With `[noise] pairs = "adaptive"` the keep/discard/retest rule above is replaced by the sequential test
+of mcp_server/loop/sequential.py (retest there means: one more pair, up to `max_pairs`); `decide`,
+`enough_pairs` and `achieved_mde` are the one entry point both executors' paths use for either rule.
 """
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Literal, Optional, Sequence
 
+from mcp_server.loop import sequential
 from mcp_server.loop.config import NoiseConfig
 
 VerdictKind = Literal["keep", "discard", "retest"]
@@ -100,6 +105,32 @@ def mde(sigma_d: float, noise: NoiseConfig, n_pairs: int) -> float:
     return bar(sigma_d, noise, n_pairs) + Z_POWER * sigma_d / math.sqrt(max(1, n_pairs))
 
 
+def achieved_mde(sigma_d: float, noise: NoiseConfig) -> float:
+    """The MDE the campaign achieves with its pairs rule: fixed, one seed set (baseline_seeds pairs);
+    adaptive, the gain the sequential test keeps >= 80 % of the time (sequential.achieved_mde)."""
+    if noise.pairs == "adaptive":
+        return sequential.achieved_mde(sigma_d, noise)
+    return mde(sigma_d, noise, noise.baseline_seeds)
+
+
+def keep_bar(sigma_d: float, noise: NoiseConfig, n_pairs: int) -> float:
+    """The mean paired gain that keeps with n pairs under the campaign's pairs rule (fixed: `bar`)."""
+    if noise.pairs == "adaptive":
+        return sequential.keep_bound(sigma_d, noise, n_pairs)
+    return bar(sigma_d, noise, n_pairs)
+
+
+def enough_pairs(diffs: Sequence[float], sigma_d: float, noise: NoiseConfig, n_planned: int) -> bool:
+    """Whether the seed set's remaining pairs can be skipped: the verdict is already clear after these pairs.
+    Fixed pairs: only the first-pair early stop (clearly worse); adaptive: the sequential test decided."""
+    if not diffs:
+        return False
+    if noise.pairs == "adaptive":
+        return sequential.step(diffs, sigma_d, noise)[0] != "more"
+    return (noise.early_stop and len(diffs) == 1 and n_planned > 1
+            and clearly_worse(diffs[0], sigma_d, noise))
+
+
 def clearly_worse(first_diff: float, sigma_d: float, noise: NoiseConfig) -> bool:
     """Sequential early stop after the first pair: worse by more than k single-pair sigmas."""
     return first_diff > noise.k_sigma * sigma_d
@@ -115,6 +146,13 @@ def decide(diffs: Sequence[float], sigma_d: float, noise: NoiseConfig, n_planned
         raise ValueError("a paired verdict needs at least one (candidate, reference) pair")
     n = len(diffs)
     gain = -statistics.fmean(diffs)
+    if noise.pairs == "adaptive":
+        kind, why = sequential.step(diffs, sigma_d, noise)
+        b = sequential.keep_bound(sigma_d, noise, n)
+        if kind == "more":
+            return Verdict("retest", gain, b, f"{why}; one more pair on a fresh seed (candidate and reference) "
+                                              "with run_experiment(confirm_of=ID)")
+        return Verdict(kind, gain, b, why, early_stop=n < n_planned)
     b = bar(sigma_d, noise, n)
     tag = f"{n} pair(s), sigma_d {sigma_d:.5f}"
     if n < n_planned and n == 1 and clearly_worse(diffs[0], sigma_d, noise):

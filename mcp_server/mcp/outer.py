@@ -143,16 +143,16 @@ def trace(engine, limit: int = 40) -> dict:
     plateaus, crashes = [], []
     run: list = []
     crun: list = []
-    for t in trials + [None]:
-        if t is None or t.verdict == "keep":
+    for cur in [*trials, None]:   # None closes the last run
+        if cur is None or cur.verdict == "keep":
             if len(run) >= PLATEAU_K:
                 plateaus.append({"from": run[0].id, "to": run[-1].id, "length": len(run),
                                  "categories": sorted({x.category for x in run})})
             run = []
         else:
-            run.append(t)
-        if t is not None and t.failed:
-            crun.append(t)
+            run.append(cur)
+        if cur is not None and cur.failed:
+            crun.append(cur)
         else:
             if len(crun) >= 2:
                 crashes.append({"from": crun[0].id, "to": crun[-1].id, "length": len(crun),
@@ -164,16 +164,16 @@ def trace(engine, limit: int = 40) -> dict:
         consts = []
     avail = [c for c in CATEGORIES if any(k.category == c for k in consts)]
     cats = {c: {"tries": 0, "kept": 0, "failed": 0} for c in avail}
-    params = {k.name: {"category": k.category, "tries": 0, "kept": 0} for k in consts}
+    params: dict[str, dict[str, Any]] = {k.name: {"category": k.category, "tries": 0, "kept": 0} for k in consts}
     for t in trials:
         s = cats.setdefault(t.category, {"tries": 0, "kept": 0, "failed": 0})
         s["tries"] += 1
         s["kept"] += t.verdict == "keep"
         s["failed"] += t.failed
-        for n in t.changed:
-            if n in params:
-                params[n]["tries"] += 1
-                params[n]["kept"] += t.verdict == "keep"
+        for name in t.changed:
+            if name in params:
+                params[name]["tries"] += 1
+                params[name]["kept"] += t.verdict == "keep"
     n = max(1, len(trials))
     fair = n / max(1, len(avail))
     over = [c for c in avail if cats[c]["tries"] > 2 * fair and cats[c]["tries"] >= 4]

@@ -26,6 +26,7 @@ from mcp_server import __version__
 from mcp_server.common import procs
 from mcp_server.loop.models import (
     BudgetResult,
+    Change,
     ExperimentResult,
     NoteResult,
     RevertResult,
@@ -91,12 +92,13 @@ def build_server(workspace: Path | str, strict: bool = True) -> MCPServer:
     @server.tool(annotations=ToolAnnotations(title="Run an experiment", read_only_hint=False,
                                              destructive_hint=False, idempotent_hint=False, open_world_hint=False))
     async def run_experiment(description: str, ctx: Context, hypothesis: Optional[str] = None,
-                             confirm_of: Optional[int] = None) -> ExperimentResult:
+                             confirm_of: Optional[int] = None, change: Optional[Change] = None) -> ExperimentResult:
         """Commit the edited train.py, train it under the fixed time budget, evaluate it with the frozen
         evaluator and record the result. The first call also measures the baseline on the campaign's seed set;
         a candidate runs on the same seeds as the best version (paired; it stops after the first pair when that
         is clearly worse). Returns metrics, the seed-matched pairs and, on failure, the log tail. Takes
-        minutes; progress is reported."""
+        minutes; progress is reported. Optional `change`, e.g. {"name": "LR", "old": 0.004, "new": 0.008}: the
+        one constant you changed, recorded with the experiment (checked against train.py)."""
         last = [0.0]
         loop = asyncio.get_running_loop()  # progress arrives on the runner's reader thread, not an anyio worker
 
@@ -110,7 +112,7 @@ def build_server(workspace: Path | str, strict: bool = True) -> MCPServer:
             asyncio.run_coroutine_threadsafe(ctx.report_progress(elapsed, total=total or None, message=msg), loop)
 
         return await in_thread(lambda e: e.run_experiment(description, hypothesis, confirm_of, on_progress=progress,
-                                                          session_id=_session_id()),
+                                                          session_id=_session_id(), change=change),
                                write=True)
 
     @server.tool(annotations=ToolAnnotations(title="Score an experiment", read_only_hint=False,
@@ -156,15 +158,17 @@ def _register_async_tools(server: MCPServer, in_thread) -> None:
 
     @server.tool(annotations=ToolAnnotations(title="Submit an experiment", read_only_hint=False,
                                              destructive_hint=False, idempotent_hint=False, open_world_hint=False))
-    async def submit_experiment(description: str, hypothesis: Optional[str] = None) -> SubmitResult:
+    async def submit_experiment(description: str, hypothesis: Optional[str] = None,
+                                change: Optional[Change] = None) -> SubmitResult:
         """Queue the edited train.py as an experiment and return its id at once: train.py is snapshotted into a
         commit and is yours again for the next edit. Its runs (the candidate on every seed of the seed set,
         paired with the best, plus any reference runs the best still needs) go to the executor, in parallel
         where it allows. The verdict is decided when its runs are in, against the best at that time (a
         candidate whose parent is no longer the best is rebased onto it and re-measured). With train.py
-        unchanged and no baseline yet, it measures the baseline. Read results with wait(ids) or state_read."""
-        return await in_thread(lambda e: e.submit_experiment(description, hypothesis, session_id=_session_id()),
-                               write=True)
+        unchanged and no baseline yet, it measures the baseline. Read results with wait(ids) or state_read.
+        Optional `change` as for run_experiment."""
+        return await in_thread(lambda e: e.submit_experiment(description, hypothesis, session_id=_session_id(),
+                                                             change=change), write=True)
 
     @server.tool(annotations=ToolAnnotations(title="Wait for experiments", read_only_hint=False,
                                              destructive_hint=False, idempotent_hint=True, open_world_hint=False))

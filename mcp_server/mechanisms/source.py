@@ -120,8 +120,8 @@ def _analyse(source: str) -> _Parsed:
         if not isinstance(target, ast.Name) or not NAME_RE.match(target.id):
             continue
         value = _literal(value_node)
-        if value is None or value_node.end_lineno != value_node.lineno:
-            continue
+        if value is None or value_node.end_lineno != value_node.lineno or value_node.end_col_offset is None:
+            continue   # (a parsed expression always has its end column; the check is for the type)
         line = lines[value_node.lineno - 1]
         col = _char_col(line, value_node.col_offset)
         end = _char_col(line, value_node.end_col_offset)

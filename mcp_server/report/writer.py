@@ -58,6 +58,8 @@ class ReportData:
     paired_dof: int = 0
     n_pairs: int = 0                       # pairs per candidate (the seed set)
     mde: Optional[float] = None
+    pairs_rule: str = "fixed"              # [noise] pairs: fixed (the seed set) or adaptive (sequential test)
+    max_pairs: int = 0
     reference_runs: int = 0
     replay: Optional[object] = None        # loop.replay.ReplayResult of the latest replay, if one was run
     mechanism_lines: list[str] = field(default_factory=list)   # mechanisms/report.py: the outer loop's section
@@ -134,11 +136,12 @@ def collect(rows: list[dict], cfg: LoopwrightConfig, tag: str = "", budget: Opti
             kept.append((p, p.val_bpb - prev, p.val_bpb - (statistics.fmean(baseline) if baseline else p.val_bpb)))
             best_val, best = p.val_bpb, p
     return ReportData(tag, baseline, baseline_test, sigma,
-                      verdictmod.bar(sigma_d, cfg.noise, n_pairs), cfg.noise.min_delta,
+                      verdictmod.keep_bar(sigma_d, cfg.noise, n_pairs), cfg.noise.min_delta,
                       cfg.noise.k_sigma, points, kept, best, budget or {}, cfg.noise.sigma_floor,
                       [r["num_steps"] for r in base_rows if r.get("num_steps") is not None],
                       sigma_paired=sigma_d, paired_dof=dof, n_pairs=n_pairs,
-                      mde=verdictmod.mde(sigma_d, cfg.noise, n_pairs),
+                      mde=verdictmod.achieved_mde(sigma_d, cfg.noise), pairs_rule=cfg.noise.pairs,
+                      max_pairs=cfg.noise.max_pairs,
                       reference_runs=sum(r.get("role") == "reference" for r in rows))
 
 
@@ -304,7 +307,11 @@ def render_markdown(data: ReportData, plot_name: str = "progress.png", tsv_name:
           "freedom from this campaign's pairs, plus the prior).",
           f"- Paired verdict: a candidate runs on the reference's {data.n_pairs} seeds; keep iff its mean paired gain "
           f"≥ max(min_delta {data.min_delta}, {data.k_sigma} σ_d / √{data.n_pairs}) = **{_f(data.threshold, 5)}**; near "
-          "the bar a confirm pair on a fresh seed decides.",
+          "the bar a confirm pair on a fresh seed decides."
+          if data.pairs_rule != "adaptive" else
+          f"- Paired verdict (adaptive pairs): after each pair a sequential test keeps, discards or adds a pair "
+          f"(the reference's seeds first, then fresh-seed confirm pairs), at most {data.max_pairs} pairs; null "
+          "changes are kept at most 5 % of the time.",
           f"- Minimum detectable effect (kept with 80 % probability): **{_f(data.mde, 4)}** bits/byte: changes expected "
           "to gain less are not worth a run at this budget."
           + (f" The best version was re-measured on fresh seed sets {data.reference_runs} time(s) (reference runs)."

@@ -10,9 +10,13 @@ from mcp_server.cli.common import open_engine, usage_error
 
 
 def init_args(sp) -> None:
+    from mcp_server.loop.config import DEFAULT_CORPUS
+
     sp.add_argument("dir")
     sp.add_argument("--tag", default="main", help="campaign tag; branch loopwright/<tag>")
-    sp.add_argument("--corpus", default="stdlib", help="stdlib (default, offline), tinystories, climbmix or a PATH")
+    sp.add_argument("--corpus", default=DEFAULT_CORPUS,
+                    help="stdlib-hidden (default, offline: val/test are stdlib modules hidden from train.py), stdlib "
+                         "(val/test readable by train.py: for trying loopwright), tinystories, climbmix or a PATH")
     sp.add_argument("--time-budget", type=float, default=None, metavar="S",
                     help="seconds each experiment's train.py may run, start-up (imports, data loading, compilation) "
                          "included, on the budget clock: CPU time without a GPU, wall-clock with one "
