@@ -58,7 +58,7 @@ def slack_interaction(root, cfg, ledger, body: bytes, env: Mapping[str, str], th
     if uid != ledger_uid(ledger):
         return Outcome(status="ignored", reason="the button belongs to another loopwright workspace")
     user = (p.get("user") or {}).get("id") or ""
-    allowed = list(getattr(cfg.campaign, "slack_approvers", []) or [])
+    allowed = list(cfg.campaign.slack_approvers)
     if user not in allowed:
         log.warning("slack user %s tried to decide approval #%s but is not in [campaign] slack_approvers", user, aid)
         return Outcome(status="forbidden", approval_id=aid,
@@ -116,7 +116,7 @@ def jira_comment(root, cfg, ledger, payload: dict, threads: list) -> Optional[Ou
                                                 f"({expected or 'none yet'}), not on {issue or '?'}")
     author = comment.get("author") or {}
     ids = {str(author.get(k)) for k in ("accountId", "name", "emailAddress") if author.get(k)}
-    allowed = set(getattr(cfg.campaign, "jira_approvers", []) or [])
+    allowed = set(cfg.campaign.jira_approvers)
     if not ids & allowed:
         return Outcome(status="forbidden", approval_id=aid,
                        reason=f"Jira user {author.get('displayName') or '?'} is not in [campaign] jira_approvers")
