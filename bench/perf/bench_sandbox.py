@@ -42,18 +42,9 @@ from mcp_server.loop.setup import init_workspace  # noqa: E402
 
 
 def small_corpus(dest: Path, max_bytes: int = 2_000_000) -> Path:
-    """Standard-library sources cut into ~3 KB documents (offline, deterministic)."""
+    """Standard-library sources cut into ~3 KB documents."""
     import sysconfig
-    dest.mkdir(parents=True, exist_ok=True)
-    total = 0
-    for f in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
-        data = f.read_bytes()
-        for i in range(0, len(data), 3000):
-            (dest / f"{f.name}_{i}.txt").write_bytes(data[i:i + 3000])
-        total += len(data)
-        if total >= max_bytes:
-            break
-    return dest
+    return tiny.cut_documents(sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")), dest, max_bytes)
 
 
 def one_run(ws, run_dir: Path, sandboxed: bool, seed: int) -> dict:

@@ -24,12 +24,11 @@ def tiny_train(src: str) -> str:
     return src
 
 
-def tiny_corpus(dest: Path, max_bytes: int = 120_000) -> Path:
-    """A folder of ~3 KB documents cut from a few standard-library modules: enough for every split."""
+def cut_documents(files: list[Path], dest: Path, max_bytes: int) -> Path:
+    """A folder of ~3 KB documents cut from `files` in order, until max_bytes (offline, deterministic)."""
     dest.mkdir(parents=True, exist_ok=True)
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
     total = 0
-    for f in sorted((stdlib / "json").glob("*.py")) + sorted((stdlib / "email").glob("*.py")):
+    for f in files:
         data = f.read_bytes()
         for i in range(0, len(data), 3000):
             (dest / f"{f.parent.name}_{f.name}_{i}.txt").write_bytes(data[i:i + 3000])
@@ -37,6 +36,13 @@ def tiny_corpus(dest: Path, max_bytes: int = 120_000) -> Path:
         if total >= max_bytes:
             break
     return dest
+
+
+def tiny_corpus(dest: Path, max_bytes: int = 120_000) -> Path:
+    """Documents cut from a few standard-library modules: enough for every split."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    return cut_documents(sorted((stdlib / "json").glob("*.py")) + sorted((stdlib / "email").glob("*.py")),
+                         dest, max_bytes)
 
 
 def toml_lines(corpus: Path | None = None) -> list[str]:
