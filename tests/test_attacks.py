@@ -618,8 +618,8 @@ time.sleep(0.5)
 
 
 def test_kill_9_of_the_cli_leaves_no_orphan(eng, guarded, tmp_path):
-    """`loopwright run-experiment` killed with -9 mid-training: the next command of any kind marks the
-    row interrupted and kills what it left running."""
+    """`loopwright run-experiment` killed with -9 mid-training: the next command that writes (here `revert`;
+    reading ones such as `status` change nothing) marks the row interrupted and kills what it left running."""
     root = eng.ws.root
     (root / "train.py").write_text("import time, os\nprint('training', flush=True)\ntime.sleep(600)\n")
     cli = subprocess.Popen([sys.executable, "-m", "mcp_server.cli", "run-experiment", "-w", str(root),
@@ -637,7 +637,7 @@ def test_kill_9_of_the_cli_leaves_no_orphan(eng, guarded, tmp_path):
         time.sleep(1)
         cli.kill()
         cli.wait()
-        r = subprocess.run([sys.executable, "-m", "mcp_server.cli", "status", "-w", str(root)], capture_output=True,
+        r = subprocess.run([sys.executable, "-m", "mcp_server.cli", "revert", "-w", str(root)], capture_output=True,
                            text=True, timeout=120)
         assert r.returncode == 0, r.stderr
         time.sleep(1)
