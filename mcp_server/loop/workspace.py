@@ -57,8 +57,8 @@ class StateDirError(WorkspaceError):
     """The state directory is missing, unsafe, or belongs to another workspace (possible tampering)."""
 
 
-def bench_source_dir(name: str = "gpt") -> Path:
-    """Where the bundled benchmark files live (source checkout or installed data files)."""
+def _bundled_dirs(name: str) -> list[Path]:
+    """Where a bundled folder under bench/ may live: the source checkout, then the installed package data."""
     candidates = [Path(__file__).resolve().parents[2] / "bench" / name]   # a source checkout
     try:   # an installed wheel: the benchmark is package data of mcp_server._bench, a namespace package
         import importlib.util  # (no __init__.py), so it may have several locations
@@ -67,11 +67,27 @@ def bench_source_dir(name: str = "gpt") -> Path:
         candidates += [Path(p) / name for p in (spec.submodule_search_locations or [])] if spec else []
     except (ImportError, ValueError):
         pass
+    return candidates
+
+
+def bench_source_dir(name: str = "gpt") -> Path:
+    """Where the bundled benchmark files live (source checkout or installed data files)."""
+    candidates = _bundled_dirs(name)
     for c in candidates:
         if all((c / f).is_file() for f in BENCH_FILES):
             return c
     raise WorkspaceError(f"bundled benchmark '{name}' not found (looked in {', '.join(map(str, candidates))}); "
                          "reinstall loopwright")
+
+
+def bundled_targets() -> dict[str, Path]:
+    """The bundled target folders (bench/targets/<name>/, each with a loopwright.toml), by name."""
+    found: dict[str, Path] = {}
+    for root in _bundled_dirs("targets"):
+        for d in sorted(root.iterdir()) if root.is_dir() else []:
+            if (d / "loopwright.toml").is_file():
+                found.setdefault(d.name, d)   # the first location wins, like bench_source_dir
+    return found
 
 
 def bench_version(src: Path) -> Optional[str]:
