@@ -59,6 +59,10 @@ def test_wheel_holds_every_module_and_the_benchmark(wheel):
     assert expected - names == set(), "modules missing from the wheel"
     for f in ("prepare.py", "train.py", "program.md"):
         assert f"mcp_server/_bench/gpt/{f}" in names
+    # the bundled targets (loopwright init --target copies them): every file, hidden/ and tests/ included
+    targets = {p.relative_to(REPO / "bench").as_posix() for p in (REPO / "bench" / "targets").rglob("*")
+               if p.is_file() and "__pycache__" not in p.parts}
+    assert targets and {f"mcp_server/_bench/{f}" for f in targets} - names == set(), "bundled target files missing"
     # the plugin's files (issue 24 item 9: `loopwright plugin install` writes the plugin from them)
     plugin = {p.relative_to(REPO).as_posix() for d in PLUGIN_DIRS for p in (REPO / d).rglob("*") if p.is_file()}
     assert {f"mcp_server/_plugin/{f}" for f in plugin | {".mcp.json"}} - names == set(), "plugin files missing"
