@@ -147,6 +147,7 @@ def render(kind: str, p: dict, tag: str) -> tuple[str, list[dict]]:
 class SlackSink:
     name = "slack"
     kinds = KINDS
+    reports_dir: Optional[Path] = None   # where the report's plot is (set by outbox.build_sinks)
 
     def __init__(self, cfg, ledger, *, token: Optional[str] = None, webhook_url: Optional[str] = None,
                  timeout: float = 10):
@@ -245,7 +246,7 @@ class SlackSink:
 
     def _plot_path(self, event: Event) -> str:
         # the payload names the plot; else the workspace report's plot (reports_dir, set by notify_workspace)
-        reports = getattr(self, "reports_dir", None) or Path(self.ledger.path).parent / "reports"
+        reports = self.reports_dir or Path(self.ledger.path).parent / "reports"
         return event.payload.get("plot_path") or str(Path(reports) / "progress.png")
 
     def _wants_plot(self, event: Event) -> bool:
