@@ -13,11 +13,14 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from mcp_server.loop import verdict as verdictmod
 from mcp_server.loop.config import LoopwrightConfig
 from mcp_server.notify.events import plot_marker_key
+
+if TYPE_CHECKING:   # replay imports the runner; the report needs it only when one was run
+    from mcp_server.loop.replay import ReplayResult
 
 FAILED = ("crash", "timeout", "rejected")
 
@@ -61,7 +64,7 @@ class ReportData:
     pairs_rule: str = "fixed"              # [noise] pairs: fixed (the seed set) or adaptive (sequential test)
     max_pairs: int = 0
     reference_runs: int = 0
-    replay: Optional[object] = None        # loop.replay.ReplayResult of the latest replay, if one was run
+    replay: Optional[ReplayResult] = None  # the latest replay, if one was run
     mechanism_lines: list[str] = field(default_factory=list)   # mechanisms/report.py: the outer loop's section
     approval_lines: list[str] = field(default_factory=list)    # loop/approvals.py: what waited on a person
     executor_lines: list[str] = field(default_factory=list)    # executor_section: in flight, workers, lost runs
@@ -145,6 +148,13 @@ def collect(rows: list[dict], cfg: LoopwrightConfig, tag: str = "", budget: Opti
                       reference_runs=sum(r.get("role") == "reference" for r in rows))
 
 
+def _measured(p: Point) -> float:
+    """The val_bpb of a point that has one: every keep does (collect keeps only measured points)."""
+    if p.val_bpb is None:
+        raise ValueError(f"experiment #{p.id} has no val_bpb")
+    return p.val_bpb
+
+
 # ---------------------------------------------------------------------------
 # The chart, in the style of autoresearch's progress.png
 
@@ -164,8 +174,8 @@ def plot_progress(data: ReportData, path: Path) -> PlotInfo:
 
     fig = Figure(figsize=(12, 6.5), dpi=110)
     ax = fig.subplots()
-    ok = [p for p in data.points if p.val_bpb is not None]
-    vals = [p.val_bpb for p in ok] + data.baseline
+    ok = [(p, p.val_bpb) for p in data.points if p.val_bpb is not None]   # (point, its val_bpb)
+    vals = [v for _, v in ok] + data.baseline
     if vals:
         lo, hi = min(vals), max(vals)
         if data.baseline_mean is not None:
@@ -180,11 +190,11 @@ def plot_progress(data: ReportData, path: Path) -> PlotInfo:
         m, s = data.baseline_mean, data.sigma
         ax.axhspan(m - s, m + s, color="#9aa7b8", alpha=0.25, lw=0, label=f"baseline ± σ ({m:.4f} ± {s:.4f})")
         ax.scatter([0] * len(data.baseline), data.baseline, s=22, color="#5c6b80", zorder=3)
-    disc = [p for p in ok if p.verdict != "keep"]
-    inside = [p for p in disc if p.val_bpb <= ymax]
-    above = [p for p in disc if p.val_bpb > ymax]
+    disc = [(p, v) for p, v in ok if p.verdict != "keep"]
+    inside = [(p, v) for p, v in disc if v <= ymax]
+    above = [p for p, v in disc if v > ymax]
     if inside:
-        ax.scatter([p.number for p in inside], [p.val_bpb for p in inside], s=26, color="#b0b0b0",
+        ax.scatter([p.number for p, _ in inside], [v for _, v in inside], s=26, color="#b0b0b0",
                    zorder=2, label="discarded")
     if above:
         ax.scatter([p.number for p in above], [ymax - 0.07 * (ymax - ymin)] * len(above), marker="^", s=30,
@@ -195,16 +205,17 @@ def plot_progress(data: ReportData, path: Path) -> PlotInfo:
                    color="#d1495b", zorder=4, label="crashed")
     keeps = [p for p, _, _ in data.kept]
     if keeps:
-        ax.scatter([p.number for p in keeps], [p.val_bpb for p in keeps], s=52, color="#2e9e44", zorder=5,
+        ax.scatter([p.number for p in keeps], [_measured(p) for p in keeps], s=52, color="#2e9e44", zorder=5,
                    edgecolor="black", linewidth=0.5, label="kept")
     for p in keeps:
-        ax.annotate(p.description[:42].replace("$", r"\$"), (p.number, p.val_bpb), xytext=(6, -12), textcoords="offset points",
+        ax.annotate(p.description[:42].replace("$", r"\$"), (p.number, _measured(p)), xytext=(6, -12), textcoords="offset points",
                     fontsize=8, color="#1f6e2f", rotation=-20)
     if data.baseline_mean is not None:   # running best: a step down at each keep
-        xs, ys = [0], [data.baseline_mean]
+        xs: list[float] = [0]
+        ys: list[float] = [data.baseline_mean]
         for p in keeps:
             xs += [p.number]
-            ys += [p.val_bpb]
+            ys += [_measured(p)]
         xs.append(max(data.n, xs[-1]) + 0.5)
         ys.append(ys[-1])
         ax.step(xs, ys, where="post", color="#2e9e44", lw=1.6, alpha=0.8, label="running best")
@@ -281,7 +292,7 @@ def render_markdown(data: ReportData, plot_name: str = "progress.png", tsv_name:
                      "noise may be underestimated (e.g. run-to-run differences from machine load are not in it).")
         near = sorted((p for p in data.points if p.verdict != "keep" and p.val_bpb is not None
                        and data.baseline_mean is not None and p.val_bpb < (data.best_val or 0)),
-                      key=lambda p: p.val_bpb)
+                      key=_measured)
         if near:
             L.append(f"- {len(near)} discarded experiment(s) measured below the best but not by enough to clear "
                      f"the threshold (closest: #{near[0].id} ({_md(near[0].description)}), {_f(near[0].val_bpb)}).")
