@@ -211,6 +211,9 @@ def test_fastsum_campaign_keeps_and_the_keep_replays(tmp_path):
     assert out["keeps"] and all(k["gain"] > 0 for k in out["keeps"]), r.stdout
     r = cli("report", "-w", str(ws_dir))
     assert r.returncode == 0, r.stderr
+    report = (ws_dir / ".loopwright" / "reports" / "report.md").read_text()
+    assert "Target: **fastsum: minimize cpu_seconds" in report and "| cpu_seconds |" in report
+    assert "bits/byte" not in report and "Hidden test split" not in report
 
 
 @pytest.mark.slow
