@@ -133,6 +133,12 @@ def driver_for(eng: "Engine", create: bool = True) -> Optional[Driver]:
         drv = _DRIVERS.get(key)
         if drv is not None or not create:
             return drv
+        if eng.ws.cfg.target is not None:
+            # a working copy on an executor carries prepare.py and the data splits; a target's evaluator files
+            # and hidden files do not travel yet (docs/targets.md)
+            raise LoopError(f"target {eng.ws.cfg.target.name}: asynchronous experiments (submit_experiment / wait, "
+                            "--parallel, the Ray executor) run GPT workspaces only for now; use run_experiment and "
+                            "score (`loopwright run --agent builtin` without --parallel) on the local executor")
         held = FileLock(eng.ws.state_dir / "driver.lock").try_acquire()
         if held is None:
             raise LoopError("another process drives the asynchronous experiments of this workspace (see "

@@ -28,6 +28,7 @@ def run(args) -> int:
 
     from mcp_server.agents.builtin import AgentError, run_builtin
     from mcp_server.cli.demo import Display, ProgressState, plan_line
+    from mcp_server.loop.targets import metric_label
     from mcp_server.loop.workspace import Workspace
 
     if args.n is not None and args.n < 0:
@@ -40,13 +41,17 @@ def run(args) -> int:
     console = Console()
     ex = ws.cfg.executor
     parallel = ex.parallel if args.parallel is None else args.parallel
+    if ws.cfg.target is not None and (parallel > 1 or ex.kind != "local"):
+        return usage_error("run", f"target {ws.cfg.target.name} runs one experiment at a time on the local executor "
+                                  "for now (parallel candidates and Ray run GPT workspaces only): drop --parallel, or "
+                                  "`loopwright config set executor.parallel 1` / `executor.kind local`")
     if parallel > ex.parallel:
         console.print(f"note: {parallel} candidates in flight but the {ex.kind} executor runs {ex.parallel} run(s) at "
                       f"once (each candidate is {ws.cfg.noise.baseline_seeds} paired runs); the rest queue. "
                       f"`loopwright config set executor.parallel {parallel}` runs more at once.")
     state = ProgressState(f"loopwright run · {ws.root.name} · built-in agent, seed {args.seed}"
                           + (f", {parallel} in parallel on {ex.kind}" if parallel > 1 or ex.kind != "local" else ""),
-                          n=args.n)
+                          n=args.n, metric=metric_label(ws.cfg))
     if args.time_budget:
         state.deadline = state.started + args.time_budget
     with ws.ledger() as ledger:
