@@ -228,3 +228,18 @@ def test_squeeze_campaign_is_deterministic_and_keeps(tmp_path):
         kept = [e for e in led.experiments(c["id"]) if e["verdict"] == "keep"]
     assert len(base) == 2 and len(set(base)) == 1 and base[0] == 113130.0, base
     assert kept and kept[0]["val_bpb"] < base[0] - 1, kept
+
+
+def test_a_target_with_no_hidden_files_keeps_its_contract(tmp_path):
+    """`hidden = []` survives init's rewrite of loopwright.toml (an empty list is not the GPT default's
+    test split), so the workspace's frozen hash matches its lock and the integrity check is clean."""
+    from mcp_server.loop import integrity
+
+    folder = tmp_path / "t"
+    shutil.copytree(bundled_targets()["squeeze"], folder)
+    shutil.rmtree(folder / "hidden")
+    toml = folder / "loopwright.toml"
+    toml.write_text(toml.read_text().replace('hidden = ["hidden/**"]', "hidden = []"))
+    ws = init_workspace(tmp_path / "ws", target=str(folder))
+    assert ws.cfg.paths.hidden == [] and Workspace.open(ws.root).cfg.paths.hidden == []
+    assert integrity.check(ws, ws.pinned_commit) == []

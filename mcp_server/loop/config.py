@@ -445,18 +445,20 @@ def load_config(root: Path | str) -> LoopwrightConfig:
 
 
 def toml_text(data: dict) -> str:
-    """TOML for plain data, with None values and empty lists dropped: TOML has no null, and an empty
-    `schedule = []` would make a later `[[schedule]]` table invalid TOML (issue 15)."""
+    """TOML for plain data, with None values and empty top-level lists dropped: TOML has no null, and an
+    empty `schedule = []` would make a later `[[schedule]]` table invalid TOML (issue 15)."""
     import tomli_w
 
     def clean(v):
         if isinstance(v, dict):
-            return {k: clean(x) for k, x in v.items() if x is not None and x != []}
+            return {k: clean(x) for k, x in v.items() if x is not None}
         if isinstance(v, list):
             return [clean(x) for x in v]
         return v
 
-    return tomli_w.dumps(clean(data))
+    # empty lists inside a section stay (`hidden = []` is not the default list); a top-level one (the array of
+    # tables `schedule`) goes
+    return tomli_w.dumps({k: clean(x) for k, x in data.items() if x is not None and x != []})
 
 
 def dump_config(cfg: LoopwrightConfig, sections: tuple[str, ...] = FROZEN_SECTIONS) -> str:

@@ -148,14 +148,23 @@ def shown(cfg: cfgmod.LoopwrightConfig, stored: Optional[float]) -> Optional[flo
 
 def evaluator_files(ws, pinned: str) -> dict[str, bytes]:
     """What the target's evaluator sees, all by content: every file of the pinned commit except the editable
-    ones (nothing the agent wrote), and the hidden files from the state directory, each checked against the
-    hash the pinned loopwright.lock records for it."""
+    ones (nothing the agent wrote), and the hidden files from the state directory."""
+    return {**pinned_files(ws, pinned), **hidden_files(ws, pinned)}
+
+
+def pinned_files(ws, pinned: str) -> dict[str, bytes]:
+    """Every file of the pinned commit except the editable ones, each git object re-hashed."""
+    return {rel: gitops.verified_blob_bytes(ws.root, pinned, rel) for rel in gitops.tracked_files(ws.root, pinned)
+            if not matches(rel, ws.cfg.paths.editable)}
+
+
+def hidden_files(ws, pinned: str) -> dict[str, bytes]:
+    """The hidden files from the state directory, each checked against the hash the pinned loopwright.lock
+    records for it (the bytes read are the bytes checked)."""
     import hashlib
     import json
 
-    cfg = ws.cfg
-    out = {rel: gitops.verified_blob_bytes(ws.root, pinned, rel) for rel in gitops.tracked_files(ws.root, pinned)
-           if not matches(rel, cfg.paths.editable)}
+    out: dict[str, bytes] = {}
     lock = json.loads(gitops.verified_blob_bytes(ws.root, pinned, LOCK_NAME))
     for rel, digest in sorted(lock.get("data", {}).items()):
         path = Path(ws.data_dir) / rel

@@ -41,10 +41,6 @@ def run(args) -> int:
     console = Console()
     ex = ws.cfg.executor
     parallel = ex.parallel if args.parallel is None else args.parallel
-    if ws.cfg.target is not None and (parallel > 1 or ex.kind != "local"):
-        return usage_error("run", f"target {ws.cfg.target.name} runs one experiment at a time on the local executor "
-                                  "for now (parallel candidates and Ray run GPT workspaces only): drop --parallel, or "
-                                  "`loopwright config set executor.parallel 1` / `executor.kind local`")
     if parallel > ex.parallel:
         console.print(f"note: {parallel} candidates in flight but the {ex.kind} executor runs {ex.parallel} run(s) at "
                       f"once (each candidate is {ws.cfg.noise.baseline_seeds} paired runs); the rest queue. "
