@@ -254,7 +254,8 @@ def test_a_target_campaign_runs_on_the_cluster_and_its_hidden_files_stay_out_of_
         assert eng.run_experiment("baseline").status == "ok"       # locally: the reference's seed set
         configure(ws.root, **{"executor.kind": '"ray"', "executor.address": f'"{cluster.address}"',
                               "executor.parallel": "2"})
-        spec = asyncrun.spec_for(eng, eng.campaign, eng.ledger.experiment(eng.campaign["best_experiment_id"]))
+        last = eng.ledger.experiments(eng.campaign["id"], limit=1, newest_first=True)[0]   # a baseline run
+        spec = asyncrun.spec_for(eng, eng.campaign, last)
         assert spec.target and set(spec.hidden) == {"hidden/reference.py"} and not spec.data
         assert not any(rel.startswith("hidden/") for rel in spec.evaluator), "hidden files never enter the copy"
         set_constant(ws.root / "solution.py", "SEGMENT", "32")
