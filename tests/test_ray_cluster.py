@@ -243,6 +243,35 @@ def test_a_campaign_reaches_the_cluster_through_ray_client(ws, cluster):
     eng.close()
 
 
+def test_a_target_campaign_runs_on_the_cluster_and_its_hidden_files_stay_out_of_the_working_copy(tmp_path, cluster):
+    """A user's own target (issue 27) on Ray: the editable file and the pinned files travel by content, the
+    hidden files only to the evaluator; the candidate's run, on a worker, scores and is decided as usual."""
+    from mcp_server.loop.setup import init_workspace
+
+    ws = init_workspace(tmp_path / "fastsum", target="fastsum")
+    eng = Engine(ws.root)
+    try:
+        assert eng.run_experiment("baseline").status == "ok"       # locally: the reference's seed set
+        configure(ws.root, **{"executor.kind": '"ray"', "executor.address": f'"{cluster.address}"',
+                              "executor.parallel": "2"})
+        last = eng.ledger.experiments(eng.campaign["id"], limit=1, newest_first=True)[0]   # a baseline run
+        spec = asyncrun.spec_for(eng, eng.campaign, last)
+        assert spec.target and set(spec.hidden) == {"hidden/reference.py"} and not spec.data
+        assert not any(rel.startswith("hidden/") for rel in spec.evaluator), "hidden files never enter the copy"
+        set_constant(ws.root / "solution.py", "SEGMENT", "32")
+        sub = eng.submit_experiment("SEGMENT 16 -> 32 on ray")
+        res = eng.wait([sub.experiment_id], timeout=300)
+        out = res.results[0]
+        assert not res.timed_out and out.state == "decided" and out.status == "ok", res
+        ok = [row for row in (eng.ledger.experiment(r) for r in sub.runs) if row["status"] == "ok"]
+        assert ok and all(json.loads(r["metrics_json"])["worker"].startswith("ray:") for r in ok), ok
+        assert all(r["val_bpb"] and r["val_bpb"] > 0 for r in ok)     # the measured CPU seconds
+        check_consistent(eng)
+        asyncrun.close_driver(eng)
+    finally:
+        eng.close()
+
+
 ATTACK = r"""
 import hashlib, json, os, sys
 # red team C1: read every file under the worker's TMPDIR and state home, and where the cache used to be

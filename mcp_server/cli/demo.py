@@ -73,6 +73,7 @@ class ProgressState:
     rows: list[_Row] = field(default_factory=list)
     messages: list[str] = field(default_factory=list)
     stopped: Optional[str] = None
+    metric: str = "val_bpb"      # what the score is called (a target's own metric)
     flying: dict = field(default_factory=dict)   # parallel: experiment number -> description, in flight
 
     def on_event(self, kind: str, d: dict) -> Optional[str]:
@@ -126,7 +127,7 @@ class ProgressState:
                 row.verdict = a.verdict if a.status == "ok" else a.status
                 row.delta = res.get("delta_vs_best")
             warn = f" [{a.warnings[0][:80]}]" if a.warnings else ""
-            return (f"  {a.description}: {a.status}, val_bpb {_num(a.val_bpb)}, {row.verdict if row else a.verdict} "
+            return (f"  {a.description}: {a.status}, {self.metric} {_num(a.val_bpb)}, {row.verdict if row else a.verdict} "
                     f"in {a.seconds:.0f} s{warn}")
         if kind == "deferred":
             self.messages.append(f"#{d['experiment_id']} needs confirm runs: left for the next session")
@@ -238,6 +239,11 @@ def plan_line(cfg: Any, n: Optional[int], baseline: bool) -> str:
     a retest adds confirm runs (the candidate and the best on a fresh seed), a fresh seed set a
     re-measure of the best."""
     k, budget_s = cfg.noise.baseline_seeds, cfg.benchmark.time_budget
+    if cfg.target is not None:   # a target's run has no training budget to fill: its time_budget is a cap
+        return (f"plan: {'the baseline on ' + str(k) + ' seed(s), then ' if baseline else ''}"
+                f"{'experiments until the budget says stop' if n is None else str(n) + ' experiment(s)'}, each "
+                f"{k} paired run(s) of `{cfg.target.run}` (at most {cfg.target.time_budget:g} s each), scored by "
+                f"`{cfg.target.evaluate}`: {cfg.target.direction} {cfg.target.metric}")
     per_run = budget_s + RUN_OVERHEAD_S
     if n is None:
         cap = cfg.budget.max_experiments

@@ -69,6 +69,8 @@ def register(command: Command) -> Command:
 for _command in (
     # the workspace: create it, look at it, export from it
     Command("init", "workspace:init", "create a workspace (or a new campaign in one)", workspace=False),
+    Command("target", "target:target", "target check [SRC]: validate a target's contract before the first run "
+                                        "(globs; on a workspace also gate, run, evaluator, noise, hidden files)"),
     Command("status", "workspace:status", "campaign, best, budget left, recent experiments"),
     Command("export-tsv", "workspace:export_tsv", "results.tsv in autoresearch's columns"),
     Command("report", "workspace:report", "write progress.png, report.md and results.tsv to .loopwright/reports/"),

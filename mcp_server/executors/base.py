@@ -43,6 +43,9 @@ class RunSpec:
     evaluator  the pinned commit's frozen files {name: bytes}: "prepare.py" and "loopwright.toml"
                (the benchmark's frozen settings -- clock, budget, eval tokens -- are read from the latter)
     data       the manifest {file name: sha256} from the pinned loopwright.lock (train/val/test, meta)
+    hidden     a target's hidden files {path: bytes} (loop/targets.py): staged for its evaluator after the run,
+               never into the working copy the run sees; a target's `evaluator` is every non-editable pinned
+               file and its `data` is empty
     unsafe     True only when the human passed --unsafe-no-sandbox: run without bubblewrap where none exists
     label      for logs and errors ("#12 seed 1001 candidate")
     """
@@ -53,19 +56,29 @@ class RunSpec:
     data: Mapping[str, str]
     unsafe: bool = False
     label: str = ""
+    target: bool = False
+    hidden: Mapping[str, bytes] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.sources:
             raise ExecutorError(f"run {self.run_id}: no editable sources to run")
         for rel in self.sources:
-            if rel.startswith("/") or ".." in rel.split("/") or rel in self.evaluator:
+            if _unsafe_path(rel) or rel in self.evaluator:
                 raise ExecutorError(f"run {self.run_id}: editable path {rel!r} must be relative, without '..', "
                                     "and not one of the frozen evaluator files")
-        missing = [n for n in ("prepare.py", "loopwright.toml") if n not in self.evaluator]
+        bad = [rel for rel in (*self.evaluator, *self.hidden) if _unsafe_path(rel)]
+        if bad:
+            raise ExecutorError(f"run {self.run_id}: evaluator paths {bad} must be relative, without '..'")
+        missing = [n for n in (("loopwright.toml",) if self.target else ("prepare.py", "loopwright.toml"))
+                   if n not in self.evaluator]
         if missing:
             raise ExecutorError(f"run {self.run_id}: the pinned evaluator files {missing} are missing from the spec")
-        if "train.bin" not in self.data:
+        if not self.target and "train.bin" not in self.data:
             raise ExecutorError(f"run {self.run_id}: the data manifest has no train.bin ({sorted(self.data)})")
+
+
+def _unsafe_path(rel: str) -> bool:
+    return not rel or rel.startswith("/") or ".." in rel.split("/")
 
 
 @dataclass

@@ -91,6 +91,7 @@ def materialise(spec: RunSpec, source: DataSource, base: Optional[Path] = None) 
         root.mkdir(mode=0o700)
         state.mkdir(mode=0o700)
         for name, data in spec.evaluator.items():
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
             (root / name).write_bytes(data)
         for rel, text in spec.sources.items():
             (root / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -131,7 +132,9 @@ def run(spec: RunSpec, source: DataSource, base: Optional[Path] = None, worker: 
                          sandbox=tr.sandbox, worker=worker)
         if tr.status == "ok" and tr.model_path is not None:
             stage_data({k: v for k, v in spec.data.items() if k in HELD_OUT}, source, ws.data_dir)
-            ev = runner.run_evaluation(ws, None, run_dir, tr.model_path, files=dict(spec.evaluator), unsafe=spec.unsafe)
+            # a target's hidden files go to the evaluator only (by content: never into the working copy)
+            ev = runner.run_evaluation(ws, None, run_dir, tr.model_path, files={**spec.evaluator, **spec.hidden},
+                                       unsafe=spec.unsafe)
             out.eval_wall_s = round(ev.wall_seconds, 3)
             out.eval_json = ev.raw or None
             if ev.ok:

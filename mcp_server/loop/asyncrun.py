@@ -37,7 +37,7 @@ from mcp_server.common.locks import FileLock, HeldLock
 from mcp_server.executors.base import OUTCOME_NAME, Executor, ExecutorError, RunOutcome, RunSpec
 from mcp_server.executors.factory import make_executor
 from mcp_server.executors.workcopy import sha256_of
-from mcp_server.loop import gitops, integrity, sandbox, verdict
+from mcp_server.loop import gitops, integrity, sandbox, targets, verdict
 from mcp_server.loop import text as textmod
 from mcp_server.loop.errors import LoopError
 from mcp_server.loop.models import AsyncResult, Change, SubmitResult, WaitResult
@@ -183,6 +183,8 @@ def data_manifest(eng: "Engine", c: dict) -> dict[str, str]:
     """{file: sha256} of the data a run needs: the splits as the pinned loopwright.lock records them, and
     the small files that describe them (meta.json -- which itself lists the splits' hashes -- the tokenizer
     files) as they are in the state directory."""
+    if eng.ws.cfg.target is not None:
+        return {}      # a target has no data splits: its hidden files travel by content (spec_for)
     out = dict(integrity.pinned_lock(eng.ws, c["pinned_commit"])["data"])
     for name in AUX_DATA:
         if (eng.ws.data_dir / name).is_file():
@@ -193,6 +195,8 @@ def data_manifest(eng: "Engine", c: dict) -> dict[str, str]:
 def spec_for(eng: "Engine", c: dict, row: dict) -> RunSpec:
     """A run of row's commit on row's seed, everything by content."""
     root, pinned = eng.ws.root, c["pinned_commit"]
+    if eng.ws.cfg.target is not None:
+        return _target_spec(eng, pinned, row)
     sources = {}
     for rel in eng.ws.cfg.paths.editable:
         try:
@@ -204,6 +208,19 @@ def spec_for(eng: "Engine", c: dict, row: dict) -> RunSpec:
     return RunSpec(run_id=row["id"], seed=int(row["seed"]), sources=sources, evaluator=evaluator,
                    data=data_manifest(eng, c), unsafe=sandbox.unsafe_requested(),
                    label=f"#{row['id']} {row['role']} seed {row['seed']}")
+
+
+def _target_spec(eng: "Engine", pinned: str, row: dict) -> RunSpec:
+    """A target's run by content: the editable files of row's commit, every other pinned file, the hidden
+    files (checked against the pinned lock) for the evaluator alone."""
+    root = eng.ws.root
+    editable = [rel for rel in gitops.tracked_files(root, row["commit_sha"])
+                if targets.matches(rel, eng.ws.cfg.paths.editable)]
+    sources = {rel: gitops.blob_bytes(root, row["commit_sha"], rel).decode("utf-8", "replace") for rel in editable}
+    evaluator = targets.pinned_files(eng.ws, pinned)
+    return RunSpec(run_id=row["id"], seed=int(row["seed"]), sources=sources, evaluator=evaluator, data={},
+                   unsafe=sandbox.unsafe_requested(), label=f"#{row['id']} {row['role']} seed {row['seed']}",
+                   target=True, hidden=targets.hidden_files(eng.ws, pinned))
 
 
 def _queue_row(eng: "Engine", drv: Optional[Driver], c: dict, row_id: int, attempt: int = 1) -> None:

@@ -28,7 +28,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 CONFIG_NAME = "loopwright.toml"
-FROZEN_SECTIONS = ("benchmark", "paths", "noise")
+FROZEN_SECTIONS = ("benchmark", "paths", "noise", "target")   # [target]: only in a target workspace
 # Fields of the frozen sections added after the first release, in the order they were added (append only).
 # A workspace made before one existed has a lock whose hash never saw it (and a pinned loopwright.toml
 # without it): at its default, the integrity check must not call that tampering after an upgrade.
@@ -118,6 +118,44 @@ class BenchmarkConfig(_Section):
         not advance while other jobs hold the CPU (auto: the larger, the device being unknown here)."""
         factor = 1.0 if self.clock == "wall" else CPU_WALL_FACTOR
         return factor * self.time_budget + self.grace_seconds
+
+
+NOISE_KINDS = ("seeded", "repeat", "deterministic")
+
+
+class TargetConfig(_Section):
+    """A user's own target (docs/targets.md): the commands that build, gate and score a candidate. Frozen: the
+    evaluator's command is as much a part of the score as its file. A leading `python` is the interpreter
+    loopwright runs on; commands are split like a shell would (shlex), never run through one."""
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    run: str = Field(min_length=1, description="the candidate's command, sandboxed, on the committed tree")
+    gate: Optional[str] = Field(default=None, description="a correctness command run first; failing = discard")
+    evaluate: str = Field(min_length=1, description="the frozen scorer: prints one JSON line {ok, metric, ...}")
+    metric: str = Field(default="metric", min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    direction: Literal["minimize", "maximize"] = "minimize"
+    noise: Literal["seeded", "repeat", "deterministic"] = Field(default="seeded", description=(
+        "seeded: the run reads LOOPWRIGHT_SEED (paired seeds); repeat: independent repeats, candidate and "
+        "reference interleaved; deterministic: the metric never varies (a keep needs noise.min_delta)"))
+    time_budget: float = Field(default=60.0, gt=0, le=24 * 3600, description="wall seconds each command may run")
+
+    @field_validator("run", "gate", "evaluate")
+    @classmethod
+    def _splits(cls, v: Optional[str]) -> Optional[str]:
+        import shlex
+
+        if v is None:
+            return v
+        try:
+            argv = shlex.split(v)
+        except ValueError as e:
+            raise ValueError(f"command {v!r} does not split into words ({e}); quote it as a shell would") from None
+        if not argv:
+            raise ValueError("the command is empty; give the program and its arguments, e.g. \"python harness.py\"")
+        return v
+
+    def sign(self) -> float:
+        """The loop minimises: a maximised metric is stored negated, and shown with its own sign."""
+        return -1.0 if self.direction == "maximize" else 1.0
 
 
 class PathsConfig(_Section):
@@ -334,11 +372,14 @@ class LoopwrightConfig(_Section):
     jira: Optional[JiraConfig] = None
     webhook: WebhookConfig = Field(default_factory=WebhookConfig)
     executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
+    target: Optional[TargetConfig] = None    # None: the bundled GPT benchmark
 
     def frozen_hash(self, leave_out: Sequence[tuple[str, str]] = ()) -> str:
         """SHA-256 of the score-deciding sections, canonical JSON (whitespace/comments don't matter);
         leave_out: (section, field) pairs not hashed."""
-        data = {name: getattr(self, name).model_dump(mode="json") for name in FROZEN_SECTIONS}
+        # [target] is hashed only where there is one: a GPT workspace's hash is what its lock recorded
+        data = {name: getattr(self, name).model_dump(mode="json") for name in FROZEN_SECTIONS
+                if getattr(self, name) is not None}
         for section, name in leave_out:
             data[section].pop(name, None)
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
@@ -404,18 +445,20 @@ def load_config(root: Path | str) -> LoopwrightConfig:
 
 
 def toml_text(data: dict) -> str:
-    """TOML for plain data, with None values and empty lists dropped: TOML has no null, and an empty
-    `schedule = []` would make a later `[[schedule]]` table invalid TOML (issue 15)."""
+    """TOML for plain data, with None values and empty top-level lists dropped: TOML has no null, and an
+    empty `schedule = []` would make a later `[[schedule]]` table invalid TOML (issue 15)."""
     import tomli_w
 
     def clean(v):
         if isinstance(v, dict):
-            return {k: clean(x) for k, x in v.items() if x is not None and x != []}
+            return {k: clean(x) for k, x in v.items() if x is not None}
         if isinstance(v, list):
             return [clean(x) for x in v]
         return v
 
-    return tomli_w.dumps(clean(data))
+    # empty lists inside a section stay (`hidden = []` is not the default list); a top-level one (the array of
+    # tables `schedule`) goes
+    return tomli_w.dumps({k: clean(x) for k, x in data.items() if x is not None and x != []})
 
 
 def dump_config(cfg: LoopwrightConfig, sections: tuple[str, ...] = FROZEN_SECTIONS) -> str:

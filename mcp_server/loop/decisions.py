@@ -30,7 +30,7 @@ def apply_approved(root, on_progress=None, max_confirms: int = 3) -> list[str]:
     with Engine.open_for_writing(root) as eng:   # it moves the best and runs re-measures
         ap = Approvals(eng)
         for a in eng.ledger.approvals(statuses=("approved",), kind="keep"):
-            c = eng.ledger.campaign(a["campaign_id"])
+            c = eng.ledger.recorded_campaign(a["campaign_id"])   # an approval's campaign is in the ledger
             try:
                 if gitops.current_branch(eng.ws.root) != c["branch"]:
                     out.append(f"#{a['id']}: deferred: the workspace is not on {c['branch']}")
@@ -68,7 +68,7 @@ def _remeasure(eng: Engine, ap: Approvals, c: dict, a: dict, on_progress, max_co
         if mine == base:
             files[rel] = theirs
             continue
-        if None in (base, mine, theirs):
+        if base is None or mine is None or theirs is None:   # missing from one of the versions: no 3-way merge
             conflicts.append(rel)
             continue
         merged, conflicted = gitops.merge_file(base, theirs, mine)
@@ -113,6 +113,6 @@ def _remeasure(eng: Engine, ap: Approvals, c: dict, a: dict, on_progress, max_co
         return f"#{a['id']}: refused: {e}"
     finally:
         # whatever happened (a retest left open, an error), the tree ends at the best with the agent's edit
-        c2 = led.campaign(c["id"])
+        c2 = led.recorded_campaign(c["id"])
         gitops.reset_to(ws.root, c2["best_commit"])
         ap.restore_edits(saved, old_best, c2["best_commit"])

@@ -513,6 +513,12 @@ class Engine:
         finally:
             self._put_back_kept_edit()
         samples = self.ledger.baseline_samples(c["id"])
+        t = self.ws.cfg.target
+        if t is not None and t.noise == "deterministic" and len(set(samples)) > 1:
+            raise LoopError(f"target {t.name} declares noise = \"deterministic\" but its baseline's {t.metric} varies "
+                            f"across seeds {seeds}: {', '.join(f'{v:g}' for v in samples)}. A keep on a varying "
+                            "metric needs paired runs: declare noise = \"repeat\" (or \"seeded\") in [target] "
+                            "-- a new workspace, the contract is frozen")
         sig = self.sigma(c)
         sd, _ = self.sigma_paired(c)
         n = self.ws.cfg.noise
@@ -530,7 +536,7 @@ class Engine:
             next_step=(f"Baseline measured on {len(baseline.samples)} seeds: {baseline.mean:.4f} ± "
                        f"{baseline.sigma:.4f} across seeds. Candidates run on the same seeds and are judged on "
                        f"paired differences: a keep needs a mean paired gain of {baseline.keep_threshold:.4f} "
-                       f"(detectable effect ~{baseline.mde:.4f}). Edit train.py and call "
+                       f"(detectable effect ~{baseline.mde:.4f}). Edit {self.ws.cfg.paths.editable[0]} and call "
                        "run_experiment(description, hypothesis)."))
 
     def check_change(self, c: dict, change: Change, commit: Optional[str] = None) -> None:

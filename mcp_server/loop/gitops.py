@@ -69,7 +69,8 @@ def safe_env(base: Optional[dict] = None) -> dict[str, str]:
     return env
 
 
-AUTHOR = git.Actor("loopwright", "loopwright@localhost")
+AUTHOR_NAME, AUTHOR_EMAIL = "loopwright", "loopwright@localhost"   # str, where git.Actor's fields are Optional
+AUTHOR = git.Actor(AUTHOR_NAME, AUTHOR_EMAIL)
 
 
 class GitError(RuntimeError):
@@ -323,7 +324,7 @@ def verified_blob_bytes(root: Path, commit: str, path: str) -> bytes:
 
 
 def tracked_files(root: Path, commit: str) -> list[str]:
-    return [b.path for b in repo(root).commit(commit).tree.traverse() if b.type == "blob"]
+    return [os.fspath(b.path) for b in repo(root).commit(commit).tree.traverse() if isinstance(b, git.Blob)]
 
 
 def diff_stats(root: Path, old: str, new: str, path: str) -> tuple[int, int]:
@@ -429,8 +430,8 @@ def commit_files(root: Path, parent: str, files: Mapping[str, Optional[bytes]], 
             blob = _git(root, "hash-object", "-w", "--no-filters", "--stdin", data=data).decode().strip()
             _git(root, "update-index", "--add", "--cacheinfo", f"100644,{blob},{rel}", env=env)
         tree = _git(root, "write-tree", env=env).decode().strip()
-    env = {"GIT_AUTHOR_NAME": AUTHOR.name, "GIT_AUTHOR_EMAIL": AUTHOR.email,
-           "GIT_COMMITTER_NAME": AUTHOR.name, "GIT_COMMITTER_EMAIL": AUTHOR.email}
+    env = {"GIT_AUTHOR_NAME": AUTHOR_NAME, "GIT_AUTHOR_EMAIL": AUTHOR_EMAIL,
+           "GIT_COMMITTER_NAME": AUTHOR_NAME, "GIT_COMMITTER_EMAIL": AUTHOR_EMAIL}
     return _git(root, "commit-tree", tree, "-p", parent, data=message.encode(), env=env).decode().strip()
 
 

@@ -109,7 +109,7 @@ def _check(ws: Workspace, pinned: str) -> list[Mismatch]:
         current = cfgmod.load_config(ws.root)
         if lock["config_frozen"] not in current.frozen_hashes():
             out.append(Mismatch(cfgmod.CONFIG_NAME, "config",
-                                "the frozen sections [benchmark] [paths] [noise] changed"))
+                                "the frozen sections [benchmark] [paths] [noise] [target] changed"))
     except cfgmod.ConfigError as e:
         out.append(Mismatch(cfgmod.CONFIG_NAME, "config", f"unreadable: {str(e).splitlines()[0]}"))
 

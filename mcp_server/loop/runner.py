@@ -42,6 +42,7 @@ import secrets
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -371,34 +372,18 @@ def _supervise(proc: subprocess.Popen, t0: float, deadline: float, allowance: Al
         time.sleep(max(0.0, min(_METER_INTERVAL, deadline - now)))
 
 
-def run_training(ws: Workspace, run_dir: Path, seed: int, on_progress: Optional[ProgressFn] = None,
-                 python: str = sys.executable, unsafe: Optional[bool] = None,
-                 cancel: Optional[threading.Event] = None,
-                 sources: Optional[Mapping[str, Optional[bytes]]] = None) -> TrainResult:
-    """train.py of `ws.root` on `seed`, sandboxed. `unsafe` (default: the process's opt-out) is passed
-    explicitly where the environment is not the human's (an executor's worker). When `cancel` is set
-    the sandbox is killed at once (status "cancelled"). `sources` ({path: its bytes}, every file of the
-    commit being measured): the sandbox then sees private copies of exactly these as the workspace, not
-    the live tree, which the agent may rewrite while the run goes (red team: a swap in mid-run measured
-    one version and credited another; a planted prepare.pyc changed what prepare meant)."""
-    info = sandbox.require(unsafe)    # SandboxUnavailable unless the human opted out
-    run_dir.mkdir(parents=True, exist_ok=True)
-    # train.py writes only here (the sandbox's one writable dir); the evaluator gets a copy
-    scratch = run_dir / "scratch"
-    if scratch.is_symlink():
-        scratch.unlink()
-    elif scratch.exists():
-        shutil.rmtree(scratch, ignore_errors=True)
-    scratch.mkdir(mode=0o700)
-    model_path = scratch / "model.pt2"
-    # train.py sees the training split only (val/test stay in the state directory): a copy of the
-    # train view where the workspace's prepare.py looks.
-    view = ws.sync_train_view()
-    bench = ws.cfg.benchmark
-    hard_limit = bench.hard_limit_seconds()   # per budget clock: cpu/steps runs may wait for a busy CPU
-    env = clean_env({"LOOPWRIGHT_SEED": str(seed), "LOOPWRIGHT_EXPORT_PATH": str(model_path),
-                     "LOOPWRIGHT_RUN_DIR": str(scratch), "PYTHONHASHSEED": str(seed),
-                     "TMPDIR": "/tmp", "HOME": os.path.expanduser("~")})
+def _fresh_dir(path: Path) -> Path:
+    """An empty 0700 directory at `path` (whatever was there, a symlink included, removed first)."""
+    if path.is_symlink():
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(mode=0o700)
+    return path
+
+
+def _private_sources(ws: Workspace, run_dir: Path, sources: Optional[Mapping[str, Optional[bytes]]]) -> dict[str, Path]:
+    """Private copies of a commit's files in the run directory, by where the sandbox shows them."""
     pinned_sources: dict[str, Path] = {}
     if sources:
         src_dir = run_dir / "source"
@@ -409,14 +394,28 @@ def run_training(ws: Workspace, run_dir: Path, seed: int, on_progress: Optional[
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 dest.write_bytes(data)
                 pinned_sources[str(Path(ws.root) / rel)] = dest
-    cmd = sandbox.training_command(ws, [python, "train.py"], view=view, scratch=scratch, env=env, info=info,
-                                   sources=pinned_sources)
+    return pinned_sources
+
+
+@dataclass
+class _Sandboxed:
+    ended: str                 # exited | over | timeout | cancelled (_supervise)
+    cpu: float                 # CPU seconds of the whole tree, measured outside
+    over: str                  # the over-budget message, or ''
+    wall: float
+    returncode: Optional[int]
+    lines: list[str]           # the last lines of its output (stdout and stderr)
+
+
+def _sandboxed(ws: Workspace, cmd: list[str], env: dict[str, str], run_dir: Path, log_path: Path,
+               allowance: Allowance, hard_limit: float, on_progress: Optional[ProgressFn] = None,
+               cancel: Optional[threading.Event] = None) -> _Sandboxed:
+    """Run the sandboxed `cmd` under the reaper, metered from outside and killed at the allowance or the hard
+    limit, its output logged to `log_path` (line-buffered: `tail -f` sees progress) and parsed for progress."""
     memory = sandbox.default_memory_limit()
-    allowance = Allowance.of(bench, budget_clock(bench.clock, env, python))
-    log_path = run_dir / "train.log"
     t0 = time.monotonic()
     lines: list[str] = []
-    with open(log_path, "w", encoding="utf-8", buffering=1) as log:   # line-buffered: `tail -f` sees progress
+    with open(log_path, "w", encoding="utf-8", buffering=1) as log:
         proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _REAPER, *cmd], cwd=ws.root, env=env,
                                 stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
@@ -444,11 +443,43 @@ def run_training(ws: Workspace, run_dir: Path, seed: int, on_progress: Optional[
         try:
             ended, cpu, over = _supervise(proc, t0, t0 + hard_limit, allowance, cancel)
         finally:
-            # train.py may have left children (dataloader workers): the group goes too.
+            # the run may have left children (dataloader workers): the group goes too.
             kill_group_now(proc.pid)
         reader.join(timeout=10)
         (run_dir / "train.pid").unlink(missing_ok=True)
-    wall = time.monotonic() - t0
+    return _Sandboxed(ended, cpu, over, time.monotonic() - t0, proc.returncode, lines)
+
+
+def run_training(ws: Workspace, run_dir: Path, seed: int, on_progress: Optional[ProgressFn] = None,
+                 python: str = sys.executable, unsafe: Optional[bool] = None,
+                 cancel: Optional[threading.Event] = None,
+                 sources: Optional[Mapping[str, Optional[bytes]]] = None) -> TrainResult:
+    """train.py of `ws.root` on `seed`, sandboxed. `unsafe` (default: the process's opt-out) is passed
+    explicitly where the environment is not the human's (an executor's worker). When `cancel` is set
+    the sandbox is killed at once (status "cancelled"). `sources` ({path: its bytes}, every file of the
+    commit being measured): the sandbox then sees private copies of exactly these as the workspace, not
+    the live tree, which the agent may rewrite while the run goes (red team: a swap in mid-run measured
+    one version and credited another; a planted prepare.pyc changed what prepare meant)."""
+    info = sandbox.require(unsafe)    # SandboxUnavailable unless the human opted out
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if ws.cfg.target is not None:
+        return _run_target(ws, run_dir, seed, on_progress, python, info, cancel, sources)
+    # train.py writes only here (the sandbox's one writable dir); the evaluator gets a copy
+    scratch = _fresh_dir(run_dir / "scratch")
+    model_path = scratch / "model.pt2"
+    # train.py sees the training split only (val/test stay in the state directory): a copy of the
+    # train view where the workspace's prepare.py looks.
+    view = ws.sync_train_view()
+    bench = ws.cfg.benchmark
+    hard_limit = bench.hard_limit_seconds()   # per budget clock: cpu/steps runs may wait for a busy CPU
+    env = clean_env({"LOOPWRIGHT_SEED": str(seed), "LOOPWRIGHT_EXPORT_PATH": str(model_path),
+                     "LOOPWRIGHT_RUN_DIR": str(scratch), "PYTHONHASHSEED": str(seed),
+                     "TMPDIR": "/tmp", "HOME": os.path.expanduser("~")})
+    cmd = sandbox.training_command(ws, [python, "train.py"], view=view, scratch=scratch, env=env, info=info,
+                                   sources=_private_sources(ws, run_dir, sources))
+    allowance = Allowance.of(bench, budget_clock(bench.clock, env, python))
+    sp = _sandboxed(ws, cmd, env, run_dir, run_dir / "train.log", allowance, hard_limit, on_progress, cancel)
+    ended, cpu, over, wall, lines = sp.ended, sp.cpu, sp.over, sp.wall, sp.lines
     summary = _parse_summary(lines)
     # the runner's figures, over any train.py printed under these names
     summary["measured_cpu_seconds"] = round(cpu, 3)
@@ -465,14 +496,14 @@ def run_training(ws: Workspace, run_dir: Path, seed: int, on_progress: Optional[
     # measured again after the exit: a burst between two readings counts too
     over = over or (allowance.exceeded(cpu, wall) if ended == "exited" else "")
     if over:
-        return result("timeout", None if proc.returncode is None or proc.returncode < 0 else proc.returncode,
+        return result("timeout", None if sp.returncode is None or sp.returncode < 0 else sp.returncode,
                       over, over_budget=True)
     if ended == "timeout":
         return result("timeout", None, f"killed at the hard limit of {hard_limit:.0f} s "
                       f"of wall clock (clock {bench.clock!r}, time budget {bench.time_budget:.0f} s, grace "
                       f"{bench.grace_seconds:.0f} s: see BenchmarkConfig.hard_limit_seconds)")
-    if proc.returncode != 0:
-        return result("crash", proc.returncode, f"train.py exited with code {proc.returncode}")
+    if sp.returncode != 0:
+        return result("crash", sp.returncode, f"train.py exited with code {sp.returncode}")
     lie = misreported(summary, cpu, wall)
     if lie:
         return result("rejected", 0, lie, over_budget=True)
@@ -485,6 +516,162 @@ def run_training(ws: Workspace, run_dir: Path, seed: int, on_progress: Optional[
     return result("ok", 0, "", model_path)
 
 
+# ---------------------------------------------------------------------------
+# A user's own target ([target] in loopwright.toml, loop/targets.py): the gate and the run in train.py's
+# sandbox, the scorer in a fresh private directory of pinned bytes. What the run printed is never a score.
+
+MEASURED_NAME = "measured.json"    # in the run dir, out of the sandbox's reach: what the runner measured
+OUTPUT_MAX_BYTES = 64 << 20        # what a run may leave for the evaluator, all files together
+OUTPUT_MAX_FILES = 10_000
+TARGET_START_SECONDS = 3.0         # the hard wall-clock limit is time_budget + this (sandbox start and teardown)
+
+
+def _run_target(ws: Workspace, run_dir: Path, seed: int, on_progress: Optional[ProgressFn], python: str,
+                info: sandbox.SandboxInfo, cancel: Optional[threading.Event],
+                sources: Optional[Mapping[str, Optional[bytes]]]) -> TrainResult:
+    from mcp_server.loop import targets
+
+    t = ws.cfg.target
+    assert t is not None
+    (run_dir / MEASURED_NAME).unlink(missing_ok=True)
+    private = _private_sources(ws, run_dir, sources)
+    view = _fresh_dir(run_dir / "view")      # a target has no training split: train.py's data mount stays empty
+    hard_limit = t.time_budget * BUDGET_TOLERANCE + TARGET_START_SECONDS
+    unlimited = Allowance("wall", t.time_budget, None, None)   # the hard limit is the budget
+
+    def stage(name: str, command: str, out_dir: Path, log: Path) -> tuple[_Sandboxed, dict[str, str]]:
+        env = clean_env({"LOOPWRIGHT_SEED": str(seed), "LOOPWRIGHT_OUTPUT": str(out_dir), "PYTHONHASHSEED": str(seed),
+                         "TMPDIR": "/tmp", "HOME": os.path.expanduser("~")})
+        cmd = sandbox.training_command(ws, targets.argv(command, python), view=view, scratch=out_dir, env=env,
+                                       info=info, sources=private)
+        return _sandboxed(ws, cmd, env, run_dir, log, unlimited, hard_limit, on_progress, cancel), env
+
+    def ended_badly(sp: _Sandboxed, what: str) -> Optional[TrainResult]:
+        tail = "\n".join(sp.lines[-30:])
+        res = functools.partial(TrainResult, wall_seconds=sp.wall, log_tail=tail, sandbox=info.kind,
+                                cpu_seconds=sp.cpu)
+        if sp.ended == "cancelled":
+            return res("cancelled", None, "cancelled by the driver; the sandbox was killed")
+        if sp.ended == "timeout":
+            return res("timeout", None, f"{what} was killed at the hard limit of {hard_limit:.0f} s of wall clock "
+                       f"([target] time_budget {t.time_budget:g} s, measured outside the sandbox)", over_budget=True)
+        if sp.returncode != 0:
+            last = next((ln for ln in reversed(sp.lines) if ln.strip()), "")
+            return res("crash", sp.returncode, f"{what} exited with code {sp.returncode}" + (f": {last[-300:]}" if last else ""))
+        return None
+
+    if t.gate:
+        # the gate writes to a folder of its own, removed after: it runs the candidate's code too, and must
+        # not leave anything for the run's evaluator
+        gate_out = _fresh_dir(run_dir / "gate-output")
+        try:
+            gate, _ = stage("gate", t.gate, gate_out, run_dir / "gate.log")
+        finally:
+            shutil.rmtree(gate_out, ignore_errors=True)
+        bad = ended_badly(gate, f"the gate `{t.gate}`")
+        if bad is not None:
+            if bad.status == "crash":
+                bad.reason = f"the gate failed: {bad.reason}. Its output is in the log tail"
+            return bad
+    out_dir = _fresh_dir(run_dir / "scratch")
+    sp, _ = stage("run", t.run, out_dir, run_dir / "train.log")
+    summary = {"measured_cpu_seconds": round(sp.cpu, 3), "measured_wall_seconds": round(sp.wall, 3)}
+    (run_dir / MEASURED_NAME).write_text(json.dumps({"seed": seed, "exit_code": sp.returncode,
+                                                     "cpu_seconds": round(sp.cpu, 4), "wall_seconds": round(sp.wall, 4)}))
+    bad = ended_badly(sp, f"the run `{t.run}`")
+    if bad is not None:
+        bad.summary = summary
+        return bad
+    return TrainResult("ok", 0, "", sp.wall, summary, "\n".join(sp.lines[-30:]), out_dir, sandbox=info.kind,
+                       cpu_seconds=sp.cpu)
+
+
+def _copy_output(src: Path, dest: Path) -> str:
+    """Copy what the run left (plain files only) into the evaluator's box; a digest of it all."""
+    h = hashlib.sha256()
+    total = count = 0
+    dest.mkdir(mode=0o700)
+    for dirpath, dirnames, filenames in os.walk(src):
+        dirnames[:] = sorted(d for d in dirnames if not os.path.islink(os.path.join(dirpath, d)))
+        for name in sorted(filenames):
+            rel = Path(dirpath, name).relative_to(src)
+            count += 1
+            if count > OUTPUT_MAX_FILES:
+                raise sandbox.UnsafeFile(f"the run left more than {OUTPUT_MAX_FILES} files in LOOPWRIGHT_OUTPUT")
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            digest, size = sandbox.copy_regular_file(Path(dirpath, name), dest / rel,
+                                                     max_bytes=OUTPUT_MAX_BYTES - total)
+            total += size
+            h.update(f"{rel.as_posix()}\0{digest}\0".encode())
+    return h.hexdigest()
+
+
+def _evaluate_target(ws: Workspace, pinned: Optional[str], run_dir: Path, output: Path, python: str,
+                     info: sandbox.SandboxInfo, files: Optional[dict[str, bytes]]) -> EvalResult:
+    from mcp_server.loop import targets
+
+    t = ws.cfg.target
+    assert t is not None
+    t0 = time.monotonic()
+    if files is None:
+        if pinned is None:
+            raise ValueError("run_evaluation needs the pinned commit or the evaluator's files")
+        files = targets.evaluator_files(ws, pinned)
+    try:
+        measured = json.loads((run_dir / MEASURED_NAME).read_text())
+    except (OSError, ValueError):
+        return EvalResult(False, "the runner's measurement of this run is missing; run it again")
+    base = ws.state_dir / "eval"
+    base.mkdir(parents=True, exist_ok=True, mode=0o700)
+    box = Path(tempfile.mkdtemp(prefix="loopwright-eval-", dir=base))   # never a shared temp dir (red team R11b)
+    try:
+        for rel, data in files.items():
+            parts = Path(rel).parts
+            if Path(rel).is_absolute() or ".." in parts or not parts or rel in ("output", MEASURED_NAME):
+                raise ValueError(f"bad evaluator file name {rel!r}")
+            (box / rel).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            (box / rel).write_bytes(data)
+        try:
+            digest = _copy_output(output, box / "output")
+        except sandbox.UnsafeFile as e:
+            return EvalResult(False, f"the run's output was refused: {e}", wall_seconds=time.monotonic() - t0)
+        (box / MEASURED_NAME).write_text(json.dumps(measured))
+        env = clean_env({"LOOPWRIGHT_OUTPUT": str(box / "output"), "LOOPWRIGHT_RUN": str(box / MEASURED_NAME),
+                         "LOOPWRIGHT_SEED": str(measured.get("seed", 0)), "TMPDIR": "/tmp"})
+        cmd = sandbox.scorer_command(ws, targets.argv(t.evaluate, python), box=box, info=info)
+        timeout = max(60.0, t.time_budget * 4)
+        try:
+            proc = subprocess.run(cmd, cwd=box, env=env, capture_output=True, text=True, errors="replace",
+                                  timeout=timeout, start_new_session=True, stdin=subprocess.DEVNULL,
+                                  preexec_fn=sandbox.limits(sandbox.default_memory_limit()))
+        except subprocess.TimeoutExpired:
+            return EvalResult(False, f"the evaluator `{t.evaluate}` ran over {timeout:.0f} s",
+                              wall_seconds=time.monotonic() - t0, model_sha256=digest)
+    finally:
+        shutil.rmtree(box, ignore_errors=True)
+    elapsed = time.monotonic() - t0
+    (run_dir / "eval.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
+    result = _verdict(proc.stdout, None)
+    if not isinstance(result, dict) or "ok" not in result:
+        return EvalResult(False, f"the evaluator `{t.evaluate}` printed no result line (exit {proc.returncode}); its "
+                          "last stdout line must be JSON such as {\"ok\": true, \"metric\": 1.5}. "
+                          f"stderr: {proc.stderr.strip()[-400:]}", wall_seconds=elapsed, model_sha256=digest)
+    if proc.returncode != 0:
+        return EvalResult(False, f"the evaluator exited with code {proc.returncode}: not trusted; "
+                          f"{proc.stderr.strip()[-300:]}", wall_seconds=elapsed, model_sha256=digest)
+    result["output_sha256"] = digest
+    (run_dir / "eval.json").write_text(json.dumps(result, indent=2))
+    if result.get("ok") is not True:
+        return EvalResult(False, str(result.get("reason", "rejected by the evaluator")), raw=result,
+                          wall_seconds=elapsed, model_sha256=digest)
+    value = result.get("metric")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return EvalResult(False, f"the evaluator's metric is {value!r}, not a finite number", raw=result,
+                          wall_seconds=elapsed, model_sha256=digest)
+    # the loop minimises: a maximised metric is stored negated (targets.shown turns it back)
+    return EvalResult(True, "", float(value) * t.sign(), None, elapsed, result, elapsed, digest)
+
+
 EVAL_DATA_FILES = ("val.bin", "test.bin", "meta.json", "token_bytes.npy", "tokenizer.json")
 
 
@@ -494,6 +681,8 @@ def run_evaluation(ws: Workspace, pinned: Optional[str], run_dir: Path, model_pa
     """The pinned evaluator on the model. Its files come from the pinned commit's git objects, or, on an
     executor's worker (no git there), by content in `files` (prepare.py and loopwright.toml)."""
     info = sandbox.require(unsafe)
+    if ws.cfg.target is not None:
+        return _evaluate_target(ws, pinned, run_dir, model_path, python, info, files)
     if files is None:
         if pinned is None:
             raise ValueError("run_evaluation needs the pinned commit or the evaluator's files")

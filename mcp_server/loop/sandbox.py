@@ -701,3 +701,11 @@ def evaluation_command(ws, argv: Sequence[str], *, eval_dir: EvalDir, data_dir: 
     hide = [*hidden_paths(ws), ws.root, eval_dir.path / "data"]
     return build_command(argv, mode="eval", workspace=None, hide=hide,
                          ro_binds=[eval_dir.path, *extra_ro], files=files, env={}, cwd=eval_dir.path, info=info)
+
+
+def scorer_command(ws, argv: Sequence[str], *, box: os.PathLike | str, info: Optional[SandboxInfo] = None) -> list[str]:
+    """A target's evaluator's sandbox: CPU only, nothing writable, the workspace and every state dir invisible
+    (the one policy: the evaluator reads agent-written output); it sees its private box -- the pinned files,
+    the hidden ones, a copy of the run's output -- shown again by name inside the hidden state dir."""
+    hide = [*hidden_paths(ws), ws.root]
+    return build_command(argv, mode="eval", workspace=None, hide=hide, ro_binds=[box], env={}, cwd=box, info=info)

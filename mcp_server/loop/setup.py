@@ -46,12 +46,14 @@ def _write(path: Path, text: str) -> None:
     path.write_text(text, encoding="utf-8")
 
 
-def agent_pointer(kind: str) -> str:
+def agent_pointer(kind: str, editable: tuple[str, ...] = ("train.py",)) -> str:
     who = "Claude Code" if kind == "claude" else "Codex"
+    names = ", ".join(f"`{e}`" for e in editable)
+    frozen = ("`prepare.py`, `loopwright.toml`, the data and `.loopwright/` are" if editable == ("train.py",) else
+              "Everything else (the evaluator, its tests, `loopwright.toml`, `.loopwright/`) is")
     return (f"# loopwright workspace ({who})\n\n"
             "Read `program.md` first and follow it on every run: it is the spec of this research loop.\n\n"
-            "- Only `train.py` may be edited. `prepare.py`, `loopwright.toml`, the data and `.loopwright/` are "
-            "frozen and guarded.\n"
+            f"- Only {names} may be edited. {frozen} frozen and guarded.\n"
             "- Work through the loopwright MCP tools: `state_read`, `run_experiment`, `score`, `revert`, "
             "`budget_check`, `note`, `suggest_next`.\n"
             "- Never stop to ask whether to continue: the loop runs until `budget_check` says should_stop.\n")
@@ -73,10 +75,13 @@ def client_configs(root: Path, python: str, state_dir: Optional[Path] = None,
 def init_workspace(directory: Path | str, tag: str = "main", corpus: str = cfgmod.DEFAULT_CORPUS,
                    time_budget: Optional[float] = None, force: bool = False,
                    overrides: Optional[dict] = None, bench_dir: Optional[Path] = None,
-                   wiring: str | Mapping[str, str] = "workspace", mcp_url: Optional[str] = None) -> Workspace:
+                   wiring: str | Mapping[str, str] = "workspace", mcp_url: Optional[str] = None,
+                   target: Optional[str] = None) -> Workspace:
     """Create a workspace (or a new campaign in an existing one) and return it.
 
     `bench_dir` holds prepare.py, train.py and program.md (default: the bundled GPT benchmark).
+    `target`: a bundled target's name or a folder (or git repository) with a loopwright.toml that has a
+    [target] section (loop/targets.py); the workspace is made from a copy of it.
 
     Refuses an existing tag, and a dirty or foreign repository unless force=True.
     """
@@ -84,7 +89,12 @@ def init_workspace(directory: Path | str, tag: str = "main", corpus: str = cfgmo
     cfgmod.CampaignConfig(tag=tag)  # validates the tag early, with a clear message
     existing = (root / cfgmod.CONFIG_NAME).is_file()
     if existing:
+        if target is not None:
+            raise WorkspaceError(f"{root} is already a loopwright workspace; --target makes a new one: name a new "
+                                 "(or empty) directory")
         return _new_campaign(Workspace.open(root), tag, force)
+    if target is not None:
+        return _init_target(root, target, tag, force, wiring, mcp_url)
 
     src = Path(bench_dir) if bench_dir else bench_source_dir()
     missing = [f for f in BENCH_FILES if not (src / f).is_file()]
@@ -222,6 +232,92 @@ def _create_in(root: Path, state: Path, wid: str, src: Path, tag: str, corpus: s
     integrity.snapshot_pin(ws, pinned)      # a copy of the pinned objects, to repair a rewritten one
     ws.sync_train_view()
     return ws
+
+
+def _init_target(root: Path, target: str, tag: str, force: bool, wiring: str | Mapping[str, str],
+                 mcp_url: Optional[str]) -> Workspace:
+    from mcp_server.loop import targets
+    from mcp_server.loop.sandbox import SandboxUnavailable, refuse_python_inside
+
+    src = targets.resolve_source(target)
+    if root == src.root or _inside(root, src.root) or _inside(src.root, root):
+        raise WorkspaceError(f"the workspace {root} and the target {src.root} overlap; the workspace is a copy of "
+                             "the target (its keeps must never rewrite the original): choose another directory")
+    try:
+        refuse_python_inside(root)
+    except SandboxUnavailable as e:
+        raise WorkspaceError(str(e)) from None
+    fresh = not root.exists() or not any(root.iterdir())
+    if not fresh and not force:
+        raise WorkspaceError(f"{root} is not empty; choose a new directory (a target workspace is a fresh copy)")
+    if not fresh and (root / ".git").exists():
+        raise WorkspaceError(f"{root} is a git repository; a target workspace is a fresh copy of the target: "
+                             "choose a new directory")
+    existed = root.exists()
+    root.mkdir(parents=True, exist_ok=True)
+    wid, state = create_state_dir(root)
+    try:
+        return _create_target_in(root, state, wid, src, tag, wiring, mcp_url)
+    except BaseException:
+        shutil.rmtree(state, ignore_errors=True)
+        if fresh:
+            shutil.rmtree(root, ignore_errors=True)
+            if existed:
+                root.mkdir(parents=True, exist_ok=True)
+        raise
+
+
+def _create_target_in(root: Path, state: Path, wid: str, src, tag: str, wiring: str | Mapping[str, str],
+                      mcp_url: Optional[str]) -> Workspace:
+    from mcp_server.loop import targets
+
+    cfg = src.cfg.model_copy(update={"campaign": cfgmod.CampaignConfig(tag=tag)})
+    assert cfg.target is not None
+    ws = Workspace(root, cfg, state)
+    # the hidden files go to the state directory (the evaluator's data), never into the workspace
+    hidden = {}
+    for rel, data in sorted(src.files.items()):
+        if targets.matches(rel, cfg.paths.hidden):
+            dest = ws.data_dir / rel
+            dest.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            dest.write_bytes(data)
+            hidden[rel] = gitops.file_sha256(dest)
+        elif rel not in (cfgmod.CONFIG_NAME, LOCK_NAME):
+            _write_bytes(root / rel, data)
+    setmod.save(state / setmod.SETTINGS_NAME, setmod.validate(
+        {k: v for k, v in cfg.model_dump(mode="json", exclude_none=True).items() if k in cfgmod.OPERATIONAL_SECTIONS}))
+    _write(root / cfgmod.CONFIG_NAME, _config_header() + cfgmod.dump_config(cfg))
+    editable = tuple(targets.editable_files(root, cfg))
+    _write(root / "AGENTS.md", agent_pointer("codex", editable))
+    _write(root / "CLAUDE.md", agent_pointer("claude", editable))
+    for rel, text in client_configs(root, sys.executable, state, wiring, "", mcp_url).items():
+        _write(root / rel, text)
+    gitignore = root / ".gitignore"
+    lines = gitignore.read_text().splitlines() if gitignore.exists() else []
+    for entry in (f"/{cfg.paths.state_dir}/", "__pycache__/"):
+        if entry not in lines:
+            lines.append(entry)
+    _write(gitignore, "\n".join(lines) + "\n")
+    _write_id(root, wid)
+    lock = {"config_frozen": cfg.frozen_hash(), "data": hidden, "workspace_id": wid,
+            "target": cfg.target.name, "target_source": str(src.root), "benchmark_version": None}
+    _write(root / LOCK_NAME, json.dumps(lock, indent=2, sort_keys=True) + "\n")
+    pinned = gitops.init_repo_and_pin(root, f"loopwright: pin target {cfg.target.name} ({tag})")
+    write_record(state, {**read_record(state), "pinned_commit": pinned,
+                         "lock_sha256": gitops.file_sha256(root / LOCK_NAME)})
+    branch = gitops.campaign_branch(tag)
+    gitops.create_branch(root, branch, pinned, checkout=True)
+    with ws.ledger() as ledger:
+        cid = ledger.create_campaign(tag, branch, pinned)
+        ledger.add_event(cid, "campaign_start", {"tag": tag, "pinned_commit": pinned, "target": cfg.target.name},
+                         sinks=sinks_for(ws.cfg))
+    integrity.snapshot_pin(ws, pinned)
+    return ws
+
+
+def _write_bytes(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
 
 
 def _new_campaign(ws: Workspace, tag: str, force: bool) -> Workspace:

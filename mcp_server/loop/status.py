@@ -9,6 +9,7 @@ from typing import TypedDict
 
 from mcp_server.loop import asyncrun
 from mcp_server.loop.engine import Engine
+from mcp_server.loop.targets import metric_label
 
 
 class _LoopStatusRequired(TypedDict):
@@ -53,7 +54,7 @@ def loop_status(root: Path | str) -> LoopStatus:
         else:
             left = "" if b.experiments_left is None else f" ({b.experiments_left} experiments left)"
             nxt = (f"Budget remains{left}. Do not stop and do not ask whether to continue: pick the next idea "
-                   "(suggest_next helps), edit train.py, call run_experiment, then score.")
+                   f"(suggest_next helps), edit {', '.join(eng.ws.cfg.paths.editable)}, call run_experiment, then score.")
         return {"should_stop": False, "reason": "budget remains", "next_step": nxt, "progress": progress,
                 "waiting_approvals": waiting}
     finally:
@@ -67,16 +68,19 @@ def session_summary(root: Path | str) -> str:
         s = eng.summary()
         b = eng.budget()
         version = f", benchmark {b.benchmark_version}" if b.benchmark_version else ""
-        lines = [f"loopwright campaign '{s.tag}' (branch {s.branch}{version}). Read program.md; only train.py may "
-                 "be edited.",
-                 f"Best val_bpb: {s.best_val_bpb if s.best_val_bpb is not None else 'no baseline yet'} "
+        t = eng.ws.cfg.target
+        what = "" if t is None else f", target {t.name}: {t.direction} {t.metric}"
+        unit = "bits/byte" if t is None else t.metric
+        lines = [f"loopwright campaign '{s.tag}' (branch {s.branch}{version}{what}). Read program.md; only "
+                 f"{', '.join(eng.ws.cfg.paths.editable)} may be edited.",
+                 f"Best {metric_label(eng.ws.cfg)}: {s.best_val_bpb if s.best_val_bpb is not None else 'no baseline yet'} "
                  f"(baseline {s.baseline_val_bpb}); {s.experiments} experiments, {s.kept} kept, {s.crashed} failed.",
                  f"Budget: {b.experiments_left} experiments, {b.hours_left} h, ${b.cost_left_usd} left; "
                  f"should_stop={b.should_stop}."]
         if b.mde is not None:
             lines.append(f"Noise: candidates run on the best version's {b.runs_per_experiment} seeds and are judged on "
                          f"paired differences (sigma_d {b.sigma_paired:.4f}); a keep needs a mean paired gain of "
-                         f"{b.keep_threshold:.4f}; minimum detectable effect ~{b.mde:.4f} bits/byte: try changes "
+                         f"{b.keep_threshold:.4f}; minimum detectable effect ~{b.mde:.4f} {unit}: try changes "
                          "you expect to gain at least that much.")
         recent = eng.ledger.recent_non_baseline(eng.campaign["id"], limit=5)
         if recent:

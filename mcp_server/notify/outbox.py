@@ -20,6 +20,7 @@ are settled. A lease whose process died (a server killed mid-pass) is voided.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import random
@@ -27,6 +28,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Mapping, Optional, Protocol
 
 from mcp_server.notify.events import DeliveryError, Event, ledger_uid, redact  # noqa: F401 (re-exported)
@@ -90,7 +92,7 @@ def backoff_delay(attempts: int, rng: random.Random | None = None,
 
 
 def build_sinks(cfg, ledger, env: Mapping[str, str] | None = None,
-                reports_dir=None) -> tuple[list, list[str]]:
+                reports_dir: Optional[Path] = None) -> tuple[list, list[str]]:
     """The sinks `cfg` configures whose secrets are present, and a note for each that is not.
     A sink left out keeps its rows pending: nothing is lost while a token is missing."""
     from mcp_server.notify import jira as jira_mod
@@ -103,8 +105,9 @@ def build_sinks(cfg, ledger, env: Mapping[str, str] | None = None,
             continue
         sink, note = make(section, ledger, env)
         if sink is not None:
-            if reports_dir is not None:
-                sink.reports_dir = reports_dir   # where the report's plot is (the workspace's .loopwright/reports)
+            # where the report's plot is (the workspace's .loopwright/reports); only Slack carries the plot
+            if reports_dir is not None and isinstance(sink, slack_mod.SlackSink):
+                sink.reports_dir = reports_dir
             sinks.append(sink)
         if note:
             notes.append(note)
@@ -113,7 +116,8 @@ def build_sinks(cfg, ledger, env: Mapping[str, str] | None = None,
 
 def deliver_pending(ledger, cfg, sinks: Optional[list] = None, now: Optional[float] = None, *,
                     max_attempts: int = MAX_ATTEMPTS, rng: random.Random | None = None,
-                    env: Mapping[str, str] | None = None, reports_dir=None, wait_s: float = 0.0) -> DeliveryReport:
+                    env: Mapping[str, str] | None = None, reports_dir: Optional[Path] = None,
+                    wait_s: float = 0.0) -> DeliveryReport:
     """One delivery pass over every sink's due rows. Never raises: every failure ends up in a
     delivery row (or, if the ledger itself fails, in the report's notes). While another pass has a
     sink's row in flight, this one waits up to `wait_s` for it (0: leaves that sink to it)."""
@@ -206,7 +210,7 @@ def _deliver_sink(ledger, sink, now: float, rep: SinkReport, max_attempts: int, 
             continue
         event = Event(eid, row["kind"], row["payload"], row["campaign_id"], row["created_at"],
                       row["attempts"], row["external_ref"],
-                      checkpoint=lambda ref, eid=eid: ledger.set_delivery_ref(eid, sink.name, ref), now=now_row)
+                      checkpoint=functools.partial(ledger.set_delivery_ref, eid, sink.name), now=now_row)
         try:
             ref = sink.deliver(event)
         except Exception as e:

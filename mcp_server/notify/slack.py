@@ -20,7 +20,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import Any, Mapping, Optional
 
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
@@ -147,6 +147,7 @@ def render(kind: str, p: dict, tag: str) -> tuple[str, list[dict]]:
 class SlackSink:
     name = "slack"
     kinds = KINDS
+    reports_dir: Optional[Path] = None   # where the report's plot is (set by outbox.build_sinks)
 
     def __init__(self, cfg, ledger, *, token: Optional[str] = None, webhook_url: Optional[str] = None,
                  timeout: float = 10):
@@ -154,14 +155,16 @@ class SlackSink:
             raise ValueError("SlackSink needs a bot token or an incoming webhook URL")
         self.cfg, self.ledger = cfg, ledger
         self._secrets = (token, webhook_url)
-        # retry_handlers=[]: the outbox retries; an SDK-internal retry could post twice
+        # retry_handlers=[]: the outbox retries; an SDK-internal retry could post twice.
+        # timeout: the SDK annotates it int but hands it to urlopen, which takes float seconds (tests use 0.5)
+        opts: dict[str, Any] = {"timeout": timeout, "logger": _sdk_log, "retry_handlers": []}
+        self.client: Optional[WebClient] = None      # exactly one of the two is set
+        self.webhook: Optional[WebhookClient] = None
         if token:
             kw = {"base_url": cfg.base_url} if cfg.base_url else {}
-            self.client = WebClient(token=token, timeout=timeout, logger=_sdk_log, retry_handlers=[], **kw)
-            self.webhook = None
-        else:
-            self.client = None
-            self.webhook = WebhookClient(webhook_url, timeout=timeout, logger=_sdk_log, retry_handlers=[])
+            self.client = WebClient(token=token, **opts, **kw)
+        elif webhook_url:
+            self.webhook = WebhookClient(webhook_url, **opts)
 
     @classmethod
     def from_config(cls, cfg, ledger, env: Mapping[str, str]) -> tuple[Optional["SlackSink"], Optional[str]]:
@@ -198,7 +201,7 @@ class SlackSink:
         else:
             text, blocks = render(event.kind, event.payload, self._tag(event))
         if self.webhook is not None:
-            return self._send_webhook(text, blocks)
+            return self._send_webhook(self.webhook, text, blocks)
 
         ref = event.external_ref
         if not ref and event.attempts > 0:
@@ -211,7 +214,7 @@ class SlackSink:
                 raise DeliveryError(f"the keep waits for its plot: {why}")
         if not ref:
             uid = f"{ledger_uid(self.ledger)}:{event.event_id}"
-            resp = self._call("chat.postMessage", self.client.chat_postMessage, channel=self.cfg.channel,
+            resp = self._call("chat.postMessage", self._web.chat_postMessage, channel=self.cfg.channel,
                               text=text, blocks=blocks, unfurl_links=False, unfurl_media=False,
                               metadata={"event_type": METADATA_TYPE,
                                         "event_payload": {"id": uid, "kind": event.kind}})
@@ -222,6 +225,13 @@ class SlackSink:
         return self._upload_plot(event, ref)
 
     # -- helpers ---------------------------------------------------------------
+    @property
+    def _web(self) -> WebClient:
+        """The Web API client. A webhook sink has none; it never gets past deliver's webhook branch."""
+        if self.client is None:
+            raise RuntimeError("this Slack sink posts through an incoming webhook: it has no Web API client")
+        return self.client
+
     def _update_request(self, event: Event) -> str:
         """chat.update of the approval request's message: who decided and when, buttons removed."""
         p = event.payload
@@ -237,7 +247,7 @@ class SlackSink:
         _, blocks = approval_blocks.render_request(req[-1]["payload"], self._tag(event), ledger_uid(self.ledger), _keep)
         text, blocks = approval_blocks.decided_blocks(blocks, p.get("decision", "?"), str(p.get("by") or "?"),
                                                       p.get("at"), p.get("note"))
-        self._call("chat.update", self.client.chat_update, channel=channel, ts=ts, text=text, blocks=blocks)
+        self._call("chat.update", self._web.chat_update, channel=channel, ts=ts, text=text, blocks=blocks)
         return f"{channel}:{ts}:updated"
 
     def _channel_key(self) -> str:
@@ -245,7 +255,7 @@ class SlackSink:
 
     def _plot_path(self, event: Event) -> str:
         # the payload names the plot; else the workspace report's plot (reports_dir, set by notify_workspace)
-        reports = getattr(self, "reports_dir", None) or Path(self.ledger.path).parent / "reports"
+        reports = self.reports_dir or Path(self.ledger.path).parent / "reports"
         return event.payload.get("plot_path") or str(Path(reports) / "progress.png")
 
     def _wants_plot(self, event: Event) -> bool:
@@ -291,18 +301,19 @@ class SlackSink:
                 return fid
             # never completed: Slack drops an upload that is not completed, so start over
         data = Path(path).read_bytes()
-        resp = self._call("files.getUploadURLExternal", self.client.files_getUploadURLExternal,
+        resp = self._call("files.getUploadURLExternal", self._web.files_getUploadURLExternal,
                           filename=os.path.basename(path), length=len(data))
         fid = resp["file_id"]
         event.checkpoint(f"{channel}:{ts}:upload:{fid}")
         self._call("files.upload", self._post_bytes, url=resp["upload_url"], data=data)
-        self._call("files.completeUploadExternal", self.client.files_completeUploadExternal,
+        self._call("files.completeUploadExternal", self._web.files_completeUploadExternal,
                    files=[{"id": fid, "title": title}], channel_id=channel, thread_ts=ts)
         return fid
 
     def _post_bytes(self, url: str, data: bytes) -> None:
-        result = self.client._upload_file(url=url, data=data, logger=_sdk_log, timeout=self.client.timeout,
-                                          proxy=self.client.proxy, ssl=self.client.ssl)
+        client = self._web
+        result = client._upload_file(url=url, data=data, logger=_sdk_log, timeout=client.timeout,
+                                     proxy=client.proxy, ssl=client.ssl)
         if result.status != 200:
             raise DeliveryError(f"Slack files.upload: HTTP {result.status} {str(result.body)[:200]}",
                                 sink_wide=result.status >= 500)
@@ -311,7 +322,7 @@ class SlackSink:
         """Was the file shared in `channel` (the completion went through, its reply was lost)? Needs the
         files:read scope; without it the upload is done again (at least once)."""
         try:
-            f = self._call("files.info", self.client.files_info, file=fid).get("file") or {}
+            f = self._call("files.info", self._web.files_info, file=fid).get("file") or {}
         except DeliveryError as e:
             if e.sink_wide or e.deferred:
                 raise
@@ -328,7 +339,7 @@ class SlackSink:
             return None
         uid = f"{ledger_uid(self.ledger)}:{event.event_id}"
         try:
-            resp = self._call("conversations.history", self.client.conversations_history, channel=channel,
+            resp = self._call("conversations.history", self._web.conversations_history, channel=channel,
                               oldest=str(event.created_at - 600), include_all_metadata=True, limit=200)
         except DeliveryError as e:
             if e.sink_wide:
@@ -367,9 +378,9 @@ class SlackSink:
             raise DeliveryError(redact(f"Slack {method}: {type(e).__name__}: {e}", self._secrets),
                                 sink_wide=True) from None
 
-    def _send_webhook(self, text: str, blocks: list[dict]) -> str:
+    def _send_webhook(self, webhook: WebhookClient, text: str, blocks: list[dict]) -> str:
         try:
-            resp = self.webhook.send(text=text, blocks=blocks, unfurl_links=False, unfurl_media=False)
+            resp = webhook.send(text=text, blocks=blocks, unfurl_links=False, unfurl_media=False)
         except Exception as e:
             raise DeliveryError(redact(f"Slack webhook: {type(e).__name__}: {e}", self._secrets),
                                 sink_wide=True) from None

@@ -13,11 +13,15 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from mcp_server.loop import verdict as verdictmod
 from mcp_server.loop.config import LoopwrightConfig
+from mcp_server.loop.targets import metric_label
 from mcp_server.notify.events import plot_marker_key
+
+if TYPE_CHECKING:   # replay imports the runner; the report needs it only when one was run
+    from mcp_server.loop.replay import ReplayResult
 
 FAILED = ("crash", "timeout", "rejected")
 
@@ -61,11 +65,14 @@ class ReportData:
     pairs_rule: str = "fixed"              # [noise] pairs: fixed (the seed set) or adaptive (sequential test)
     max_pairs: int = 0
     reference_runs: int = 0
-    replay: Optional[object] = None        # loop.replay.ReplayResult of the latest replay, if one was run
+    replay: Optional[ReplayResult] = None  # the latest replay, if one was run
     mechanism_lines: list[str] = field(default_factory=list)   # mechanisms/report.py: the outer loop's section
     approval_lines: list[str] = field(default_factory=list)    # loop/approvals.py: what waited on a person
     executor_lines: list[str] = field(default_factory=list)    # executor_section: in flight, workers, lost runs
     benchmark_version: Optional[str] = None   # loopwright.lock's: the reference baseline is fixed within it
+    metric: str = "val_bpb"        # what the score is called: a target's own metric (loop/targets.py)
+    unit: str = "bits/byte"
+    target: Optional[str] = None   # "name: minimize metric (noise)" for a target workspace
 
     @property
     def n(self) -> int:
@@ -142,7 +149,17 @@ def collect(rows: list[dict], cfg: LoopwrightConfig, tag: str = "", budget: Opti
                       sigma_paired=sigma_d, paired_dof=dof, n_pairs=n_pairs,
                       mde=verdictmod.achieved_mde(sigma_d, cfg.noise), pairs_rule=cfg.noise.pairs,
                       max_pairs=cfg.noise.max_pairs,
-                      reference_runs=sum(r.get("role") == "reference" for r in rows))
+                      reference_runs=sum(r.get("role") == "reference" for r in rows),
+                      metric=metric_label(cfg), unit="bits/byte" if cfg.target is None else cfg.target.metric,
+                      target=None if cfg.target is None else
+                      f"{cfg.target.name}: {cfg.target.direction} {cfg.target.metric}, noise {cfg.target.noise}")
+
+
+def _measured(p: Point) -> float:
+    """The val_bpb of a point that has one: every keep does (collect keeps only measured points)."""
+    if p.val_bpb is None:
+        raise ValueError(f"experiment #{p.id} has no val_bpb")
+    return p.val_bpb
 
 
 # ---------------------------------------------------------------------------
@@ -164,8 +181,8 @@ def plot_progress(data: ReportData, path: Path) -> PlotInfo:
 
     fig = Figure(figsize=(12, 6.5), dpi=110)
     ax = fig.subplots()
-    ok = [p for p in data.points if p.val_bpb is not None]
-    vals = [p.val_bpb for p in ok] + data.baseline
+    ok = [(p, p.val_bpb) for p in data.points if p.val_bpb is not None]   # (point, its val_bpb)
+    vals = [v for _, v in ok] + data.baseline
     if vals:
         lo, hi = min(vals), max(vals)
         if data.baseline_mean is not None:
@@ -180,11 +197,11 @@ def plot_progress(data: ReportData, path: Path) -> PlotInfo:
         m, s = data.baseline_mean, data.sigma
         ax.axhspan(m - s, m + s, color="#9aa7b8", alpha=0.25, lw=0, label=f"baseline ± σ ({m:.4f} ± {s:.4f})")
         ax.scatter([0] * len(data.baseline), data.baseline, s=22, color="#5c6b80", zorder=3)
-    disc = [p for p in ok if p.verdict != "keep"]
-    inside = [p for p in disc if p.val_bpb <= ymax]
-    above = [p for p in disc if p.val_bpb > ymax]
+    disc = [(p, v) for p, v in ok if p.verdict != "keep"]
+    inside = [(p, v) for p, v in disc if v <= ymax]
+    above = [p for p, v in disc if v > ymax]
     if inside:
-        ax.scatter([p.number for p in inside], [p.val_bpb for p in inside], s=26, color="#b0b0b0",
+        ax.scatter([p.number for p, _ in inside], [v for _, v in inside], s=26, color="#b0b0b0",
                    zorder=2, label="discarded")
     if above:
         ax.scatter([p.number for p in above], [ymax - 0.07 * (ymax - ymin)] * len(above), marker="^", s=30,
@@ -195,16 +212,17 @@ def plot_progress(data: ReportData, path: Path) -> PlotInfo:
                    color="#d1495b", zorder=4, label="crashed")
     keeps = [p for p, _, _ in data.kept]
     if keeps:
-        ax.scatter([p.number for p in keeps], [p.val_bpb for p in keeps], s=52, color="#2e9e44", zorder=5,
+        ax.scatter([p.number for p in keeps], [_measured(p) for p in keeps], s=52, color="#2e9e44", zorder=5,
                    edgecolor="black", linewidth=0.5, label="kept")
     for p in keeps:
-        ax.annotate(p.description[:42].replace("$", r"\$"), (p.number, p.val_bpb), xytext=(6, -12), textcoords="offset points",
+        ax.annotate(p.description[:42].replace("$", r"\$"), (p.number, _measured(p)), xytext=(6, -12), textcoords="offset points",
                     fontsize=8, color="#1f6e2f", rotation=-20)
     if data.baseline_mean is not None:   # running best: a step down at each keep
-        xs, ys = [0], [data.baseline_mean]
+        xs: list[float] = [0]
+        ys: list[float] = [data.baseline_mean]
         for p in keeps:
             xs += [p.number]
-            ys += [p.val_bpb]
+            ys += [_measured(p)]
         xs.append(max(data.n, xs[-1]) + 0.5)
         ys.append(ys[-1])
         ax.step(xs, ys, where="post", color="#2e9e44", lw=1.6, alpha=0.8, label="running best")
@@ -212,7 +230,7 @@ def plot_progress(data: ReportData, path: Path) -> PlotInfo:
     from matplotlib.ticker import MaxNLocator
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("experiment #")
-    ax.set_ylabel("val_bpb (lower is better)")
+    ax.set_ylabel(f"{data.metric} (lower is better)")
     ax.set_title(data.title)
     ax.grid(alpha=0.25)
     if ax.get_legend_handles_labels()[0]:   # none before the first experiment (matplotlib would warn)
@@ -255,15 +273,17 @@ def step_outliers(data: ReportData, ratio: float = 1.5) -> list[Point]:
 def render_markdown(data: ReportData, plot_name: str = "progress.png", tsv_name: str = "results.tsv") -> str:
     L: list[str] = [f"# loopwright report — campaign `{data.tag}`", "",
                     f"Generated {time.strftime('%Y-%m-%d %H:%M:%S %Z')}. ![progress]({plot_name})", "",
-                    f"Benchmark version: **{data.benchmark_version or 'unversioned'}** (its reference baseline "
-                    "never changes within a version; keeps stay on the campaign's branch).", ""]
+                    (f"Target: **{data.target}** (its pinned baseline never changes; keeps stay on the campaign's "
+                     "branch)." if data.target else
+                     f"Benchmark version: **{data.benchmark_version or 'unversioned'}** (its reference baseline "
+                     "never changes within a version; keeps stay on the campaign's branch)."), ""]
     n_seeds = len(data.baseline)
     L += ["## Outcome", ""]
     if data.baseline_mean is None:
         L += ["No baseline has been measured yet: run an experiment first.", ""]
     else:
         L.append(f"- {data.title}.")
-        L.append(f"- Baseline: **{_f(data.baseline_mean)} ± {_f(data.sigma)}** val_bpb "
+        L.append(f"- Baseline: **{_f(data.baseline_mean)} ± {_f(data.sigma)}** {data.metric} "
                  f"({n_seeds} seed{'s' if n_seeds != 1 else ''}).")
         if not data.points:   # a verdict about changes never tried would be false
             L.append("- **No experiment ran yet**: only the baseline was measured.")
@@ -281,7 +301,7 @@ def render_markdown(data: ReportData, plot_name: str = "progress.png", tsv_name:
                      "noise may be underestimated (e.g. run-to-run differences from machine load are not in it).")
         near = sorted((p for p in data.points if p.verdict != "keep" and p.val_bpb is not None
                        and data.baseline_mean is not None and p.val_bpb < (data.best_val or 0)),
-                      key=lambda p: p.val_bpb)
+                      key=_measured)
         if near:
             L.append(f"- {len(near)} discarded experiment(s) measured below the best but not by enough to clear "
                      f"the threshold (closest: #{near[0].id} ({_md(near[0].description)}), {_f(near[0].val_bpb)}).")
@@ -312,13 +332,13 @@ def render_markdown(data: ReportData, plot_name: str = "progress.png", tsv_name:
           f"- Paired verdict (adaptive pairs): after each pair a sequential test keeps, discards or adds a pair "
           f"(the reference's seeds first, then fresh-seed confirm pairs), at most {data.max_pairs} pairs; null "
           "changes are kept at most 5 % of the time.",
-          f"- Minimum detectable effect (kept with 80 % probability): **{_f(data.mde, 4)}** bits/byte: changes expected "
+          f"- Minimum detectable effect (kept with 80 % probability): **{_f(data.mde, 4)}** {data.unit}: changes expected "
           "to gain less are not worth a run at this budget."
           + (f" The best version was re-measured on fresh seed sets {data.reference_runs} time(s) (reference runs)."
              if data.reference_runs else ""), ""]
     L += ["## Kept changes", ""]
     if data.kept:
-        L += ["| # | experiment | description | val_bpb | Δ vs previous best | Δ vs baseline | runs | steps | commit | "
+        L += [f"| # | experiment | description | {data.metric} | Δ vs previous best | Δ vs baseline | runs | steps | commit | "
               "paired gain (pairs) |", "|---|---|---|---|---|---|---|---|---|---|"]
         for i, (p, dprev, dbase) in enumerate(data.kept, 1):
             L.append(f"| {i} | #{p.id} | {_md(p.description)} | {_f(p.val_bpb)} | {_f(dprev, sign=True)} | "
@@ -364,12 +384,15 @@ def render_markdown(data: ReportData, plot_name: str = "progress.png", tsv_name:
               f"- Should stop: {b.get('should_stop')} "
               f"{('(' + '; '.join(b.get('reasons') or []) + ')') if b.get('reasons') else ''}",
               ""]
-    L += ["## Hidden test split (for people only; never shown to the agent)", ""]
     d = divergence(data)
-    if d is None:
+    if data.target:      # a target's hidden files are its evaluator's; there is no second split to compare
+        pass
+    elif d is None:
+        L += ["## Hidden test split (for people only; never shown to the agent)", ""]
         L.append("Not available: no kept change with a test score, or no baseline test scores." if data.best is None
                  or not data.baseline_test else "Not available.")
     else:
+        L += ["## Hidden test split (for people only; never shown to the agent)", ""]
         L += [f"- test_bpb: baseline {_f(d['baseline_test'])} → best {_f(d['best_test'])} "
               f"(test gain {_f(d['test_gain'], sign=True)} vs validation gain {_f(d['val_gain'], sign=True)})",
               "- **Divergence flag: the validation gain did not carry over to the test split (possible overfitting "

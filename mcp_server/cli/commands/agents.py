@@ -28,6 +28,7 @@ def run(args) -> int:
 
     from mcp_server.agents.builtin import AgentError, run_builtin
     from mcp_server.cli.demo import Display, ProgressState, plan_line
+    from mcp_server.loop.targets import metric_label
     from mcp_server.loop.workspace import Workspace
 
     if args.n is not None and args.n < 0:
@@ -46,7 +47,7 @@ def run(args) -> int:
                       f"`loopwright config set executor.parallel {parallel}` runs more at once.")
     state = ProgressState(f"loopwright run · {ws.root.name} · built-in agent, seed {args.seed}"
                           + (f", {parallel} in parallel on {ex.kind}" if parallel > 1 or ex.kind != "local" else ""),
-                          n=args.n)
+                          n=args.n, metric=metric_label(ws.cfg))
     if args.time_budget:
         state.deadline = state.started + args.time_budget
     with ws.ledger() as ledger:

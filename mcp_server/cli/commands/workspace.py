@@ -12,8 +12,13 @@ from mcp_server.cli.common import open_engine, usage_error
 def init_args(sp) -> None:
     from mcp_server.loop.config import DEFAULT_CORPUS
 
-    sp.add_argument("dir")
+    sp.add_argument("dir", nargs="?", help="the workspace to make (a new or empty directory)")
     sp.add_argument("--tag", default="main", help="campaign tag; branch loopwright/<tag>")
+    sp.add_argument("--target", metavar="NAME|DIR", default=None,
+                    help="make the workspace from your own target instead of the GPT benchmark: a bundled target's "
+                         "name (--list-targets) or a folder / git repository with a loopwright.toml that has a "
+                         "[target] section (only its committed files are copied; it is never changed)")
+    sp.add_argument("--list-targets", action="store_true", help="list the bundled targets and exit")
     sp.add_argument("--corpus", default=DEFAULT_CORPUS,
                     help="stdlib-hidden (default, offline: val/test are stdlib modules hidden from train.py), stdlib "
                          "(val/test readable by train.py: for trying loopwright), tinystories, climbmix or a PATH")
@@ -37,13 +42,21 @@ def init_args(sp) -> None:
 
 def init(args) -> int:
     from mcp_server.loop.budget import check_time_budget
-    from mcp_server.loop.config import CONFIG_NAME, tag_problem
+    from mcp_server.loop.config import CONFIG_NAME, DEFAULT_CORPUS, tag_problem
     from mcp_server.loop.setup import init_workspace
 
+    if args.list_targets:
+        return _list_targets()
+    if not args.dir:
+        return usage_error("init", "name the workspace directory to make, e.g. `loopwright init ~/lw-demo` "
+                                   "(or --list-targets to see the bundled targets)")
     try:
         check_time_budget(args.time_budget)
     except ValueError as e:
         return usage_error("init", str(e))
+    if args.target is not None and (args.corpus != DEFAULT_CORPUS or args.time_budget is not None):
+        return usage_error("init", "--corpus and --time-budget belong to the GPT benchmark; a target sets its own "
+                                   "[target] time_budget in its loopwright.toml")
     if tag_problem(args.tag):
         return usage_error("init", str(tag_problem(args.tag)))
     target = Path(args.dir).expanduser()
@@ -67,7 +80,7 @@ def init(args) -> int:
     mcp_url = (args.mcp_url or "http://127.0.0.1:8765/mcp") if args.agent_group else None
     try:
         ws = init_workspace(args.dir, tag=args.tag, corpus=args.corpus, time_budget=args.time_budget,
-                            force=args.force, wiring=wiring, mcp_url=mcp_url)
+                            force=args.force, wiring=wiring, mcp_url=mcp_url, target=args.target)
     except OSError as e:   # a directory that cannot be made or written (permissions, a file in the path)
         where = f" ({e.filename})" if e.filename else ""
         return usage_error("init", f"cannot create the workspace in {target}: {e.strerror or e}{where}; choose a "
@@ -79,7 +92,9 @@ def init(args) -> int:
               f"out" + (f"; the earlier campaign(s) {', '.join(others)} keep their branches (`git checkout "
                         f"loopwright/{others[-1]}` goes back to one)" if others else ""))
         return 0
-    print(f"workspace ready: {ws.root} (campaign '{args.tag}', branch loopwright/{args.tag})")
+    print(f"workspace ready: {ws.root} (campaign '{args.tag}', branch loopwright/{args.tag})"
+          + (f"; target {ws.cfg.target.name}: {ws.cfg.target.direction} {ws.cfg.target.metric} ({ws.cfg.target.noise})"
+             if ws.cfg.target is not None else ""))
     if args.agent_group:
         from mcp_server.loop.deploy import share_with_group
 
@@ -102,6 +117,18 @@ def init(args) -> int:
         print(f"note: {PUBLIC_CORPUS_NOTE}")
     print(f"next: `loopwright serve --workspace {ws.root}` for an agent, or "
           f"`loopwright run --agent builtin --workspace {ws.root}`")
+    return 0
+
+
+def _list_targets() -> int:
+    from mcp_server.loop.config import parse_config
+    from mcp_server.loop.workspace import bundled_targets
+
+    for name, path in bundled_targets().items():
+        t = parse_config((path / "loopwright.toml").read_text(encoding="utf-8"), path / "loopwright.toml").target
+        what = f"{t.direction} {t.metric}, noise {t.noise}" if t else "no [target] section"
+        print(f"{name:12s} {what}  ({path})")
+    print("make one with: loopwright init DIR --target NAME (or --target PATH for your own)")
     return 0
 
 
