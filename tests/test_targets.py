@@ -243,3 +243,67 @@ def test_a_target_with_no_hidden_files_keeps_its_contract(tmp_path):
     ws = init_workspace(tmp_path / "ws", target=str(folder))
     assert ws.cfg.paths.hidden == [] and Workspace.open(ws.root).cfg.paths.hidden == []
     assert integrity.check(ws, ws.pinned_commit) == []
+
+
+def _tiny_target(folder: Path, direction: str = "maximize", noise: str = "deterministic") -> Path:
+    """A target of a few lines: the run writes X, the evaluator scores -(X - 7)^2 (best at X = 7)."""
+    folder.mkdir(parents=True)
+    (folder / "solution.py").write_text("X = 2\n")
+    (folder / "run.py").write_text(textwrap.dedent('''
+        import json, os, pathlib
+        import solution
+        pathlib.Path(os.environ["LOOPWRIGHT_OUTPUT"], "x.json").write_text(json.dumps({"x": solution.X}))
+    '''))
+    (folder / "score.py").write_text(textwrap.dedent('''
+        import json, os, pathlib
+        x = json.loads(pathlib.Path(os.environ["LOOPWRIGHT_OUTPUT"], "x.json").read_text())["x"]
+        print(json.dumps({"ok": True, "metric": -(x - 7) ** 2}))
+    '''))
+    (folder / "program.md").write_text("Move X so that the score is as high as possible.\n")
+    (folder / "loopwright.toml").write_text(textwrap.dedent(f'''
+        [target]
+        name = "tiny"
+        run = "python run.py"
+        evaluate = "python score.py"
+        metric = "score"
+        direction = "{direction}"
+        noise = "{noise}"
+        time_budget = 20
+
+        [paths]
+        editable = ["solution.py"]
+        frozen = ["run.py", "score.py", "program.md"]
+        hidden = []
+
+        [noise]
+        baseline_seeds = 2
+        min_delta = 0.5
+    '''))
+    return folder
+
+
+@pytest.mark.slow
+def test_a_maximised_metric_is_kept_upward_and_shown_with_its_own_sign(tmp_path):
+    src = _tiny_target(tmp_path / "tiny")
+    ws_dir = tmp_path / "ws"
+    assert cli("init", str(ws_dir), "--target", str(src), "--wiring", "workspace").returncode == 0
+    r = cli("run", "--agent", "builtin", "-n", "2", "--no-mechanisms", "-w", str(ws_dir))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "baseline -25.0000" in r.stdout, r.stdout      # X = 2: -(2 - 7)^2, shown as the user's metric
+    with Workspace.open(ws_dir).ledger() as led:
+        c = led.campaign()
+        kept = [e for e in led.experiments(c["id"]) if e["verdict"] == "keep"]
+        base = led.baseline_samples(c["id"])
+    assert base == [25.0, 25.0]                            # the loop's scale: negated, lower is better
+    assert kept and all(k["val_bpb"] < 25.0 for k in kept), kept
+    assert cli("report", "-w", str(ws_dir)).returncode == 0
+    report = (ws_dir / ".loopwright" / "reports" / "report.md").read_text()
+    assert "**-25.0000" in report and "maximize score" in report, report[:800]
+
+
+def test_a_deterministic_target_whose_metric_varies_is_refused(tmp_path):
+    src = _tiny_target(tmp_path / "tiny", direction="minimize")
+    (src / "score.py").write_text("import json, os\nprint(json.dumps({'ok': True, 'metric': int(os.environ['LOOPWRIGHT_SEED'])}))\n")
+    ws = init_workspace(tmp_path / "ws", target=str(src))
+    with Engine(ws.root) as eng, pytest.raises(LoopError, match=r"declares noise = \"deterministic\".*varies"):
+        eng.run_experiment("baseline")

@@ -74,6 +74,7 @@ class ProgressState:
     messages: list[str] = field(default_factory=list)
     stopped: Optional[str] = None
     metric: str = "val_bpb"      # what the score is called (a target's own metric)
+    sign: float = 1.0            # -1: a maximised metric, stored negated, shown as the user reads it
     flying: dict = field(default_factory=dict)   # parallel: experiment number -> description, in flight
 
     def on_event(self, kind: str, d: dict) -> Optional[str]:
@@ -103,7 +104,8 @@ class ProgressState:
             b = d["result"].get("baseline") or {}
             self.baseline, self.best = b.get("mean", d["result"].get("val_bpb")), b.get("mean")
             self.sigma, self.threshold = b.get("sigma"), b.get("keep_threshold")
-            return (f"baseline {_num(self.baseline)} ± {_num(self.sigma)} on {len(b.get('samples') or [])} seeds; "
+            shown = None if self.baseline is None else self.baseline * self.sign
+            return (f"baseline {_num(shown)} ± {_num(self.sigma)} on {len(b.get('samples') or [])} seeds; "
                     f"a keep needs a gain of {_num(self.threshold)} ({d['seconds']:.0f} s)")
         if kind == "verdict":
             sc = d["score"]
@@ -127,7 +129,8 @@ class ProgressState:
                 row.verdict = a.verdict if a.status == "ok" else a.status
                 row.delta = res.get("delta_vs_best")
             warn = f" [{a.warnings[0][:80]}]" if a.warnings else ""
-            return (f"  {a.description}: {a.status}, {self.metric} {_num(a.val_bpb)}, {row.verdict if row else a.verdict} "
+            value = None if a.val_bpb is None else a.val_bpb * self.sign
+            return (f"  {a.description}: {a.status}, {self.metric} {_num(value)}, {row.verdict if row else a.verdict} "
                     f"in {a.seconds:.0f} s{warn}")
         if kind == "deferred":
             self.messages.append(f"#{d['experiment_id']} needs confirm runs: left for the next session")

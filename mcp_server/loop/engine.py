@@ -799,8 +799,11 @@ class Engine:
             nxt = "The run was rejected and discarded; the tree is back at the best commit. Read the reason."
         else:
             nxt = ("The run failed and was discarded; the tree is back at the best commit. Read log_tail, fix "
-                   "the problem in train.py and run again.")
+                   f"the problem in {self.ws.cfg.paths.editable[0]} and run again.")
+        t = self.ws.cfg.target
         return ExperimentResult(
+            metric=None if t is None else t.metric,
+            metric_value=None if t is None or row["val_bpb"] is None else row["val_bpb"] * t.sign(),
             experiment_id=row["id"], status=row["status"], val_bpb=row["val_bpb"], best_val_bpb=best,
             delta_vs_best=None if delta is None else round(delta, 6), commit=(row["commit_sha"] or "")[:10],
             seed=row["seed"], confirm_of=row["confirm_of"], training_seconds=row["training_seconds"],

@@ -82,6 +82,10 @@ class ExperimentResult(BaseModel):
     val_bpb: Optional[float] = None
     best_val_bpb: Optional[float] = None
     delta_vs_best: Optional[float] = Field(None, description="val_bpb - best (negative = better)")
+    metric: Optional[str] = Field(None, description="a target workspace: its metric's name")
+    metric_value: Optional[float] = Field(None, description=(
+        "a target workspace: this run's score in its own metric and sign (val_bpb is the loop's scale, where lower "
+        "is better: a maximised metric is stored negated)"))
     commit: Optional[str] = None
     seed: Optional[int] = None
     confirm_of: Optional[int] = None

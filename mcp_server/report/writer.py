@@ -73,6 +73,7 @@ class ReportData:
     metric: str = "val_bpb"        # what the score is called: a target's own metric (loop/targets.py)
     unit: str = "bits/byte"
     target: Optional[str] = None   # "name: minimize metric (noise)" for a target workspace
+    sign: float = 1.0              # -1 for a maximised metric: stored negated (the loop minimises), shown as is
 
     @property
     def n(self) -> int:
@@ -152,7 +153,8 @@ def collect(rows: list[dict], cfg: LoopwrightConfig, tag: str = "", budget: Opti
                       reference_runs=sum(r.get("role") == "reference" for r in rows),
                       metric=metric_label(cfg), unit="bits/byte" if cfg.target is None else cfg.target.metric,
                       target=None if cfg.target is None else
-                      f"{cfg.target.name}: {cfg.target.direction} {cfg.target.metric}, noise {cfg.target.noise}")
+                      f"{cfg.target.name}: {cfg.target.direction} {cfg.target.metric}, noise {cfg.target.noise}",
+                      sign=1.0 if cfg.target is None else cfg.target.sign())
 
 
 def _measured(p: Point) -> float:
@@ -230,7 +232,8 @@ def plot_progress(data: ReportData, path: Path) -> PlotInfo:
     from matplotlib.ticker import MaxNLocator
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("experiment #")
-    ax.set_ylabel(f"{data.metric} (lower is better)")
+    # the loop's own scale (a maximised metric negated), so that down is better on every plot
+    ax.set_ylabel(f"{'−' if data.sign < 0 else ''}{data.metric} (lower is better)")
     ax.set_title(data.title)
     ax.grid(alpha=0.25)
     if ax.get_legend_handles_labels()[0]:   # none before the first experiment (matplotlib would warn)
@@ -243,6 +246,11 @@ def plot_progress(data: ReportData, path: Path) -> PlotInfo:
 
 # ---------------------------------------------------------------------------
 # report.md
+
+def _shown(data: "ReportData", v: Optional[float]) -> Optional[float]:
+    """A stored score or difference of scores as the user's metric reads it (a maximised one is stored negated)."""
+    return None if v is None else v * data.sign
+
 
 def _f(v: Optional[float], digits: int = 4, sign: bool = False) -> str:
     if v is None:
@@ -283,7 +291,7 @@ def render_markdown(data: ReportData, plot_name: str = "progress.png", tsv_name:
         L += ["No baseline has been measured yet: run an experiment first.", ""]
     else:
         L.append(f"- {data.title}.")
-        L.append(f"- Baseline: **{_f(data.baseline_mean)} ± {_f(data.sigma)}** {data.metric} "
+        L.append(f"- Baseline: **{_f(_shown(data, data.baseline_mean))} ± {_f(data.sigma)}** {data.metric} "
                  f"({n_seeds} seed{'s' if n_seeds != 1 else ''}).")
         if not data.points:   # a verdict about changes never tried would be false
             L.append("- **No experiment ran yet**: only the baseline was measured.")
@@ -293,7 +301,7 @@ def render_markdown(data: ReportData, plot_name: str = "progress.png", tsv_name:
         else:
             g = data.gain or 0.0
             in_sigma = f" ({g / data.sigma:.1f} σ)" if data.sigma else ""
-            L.append(f"- Best: **{_f(data.best_val)}** (experiment #{data.best.id}, commit `{data.best.commit}`, "
+            L.append(f"- Best: **{_f(_shown(data, data.best_val))}** (experiment #{data.best.id}, commit `{data.best.commit}`, "
                      f"{data.best.samples} run(s)): gain **{_f(g)}** over the baseline{in_sigma}, "
                      f"{len(data.kept)} kept change(s).")
         if data.sigma <= data.sigma_floor and len(data.baseline) > 1:
@@ -304,7 +312,7 @@ def render_markdown(data: ReportData, plot_name: str = "progress.png", tsv_name:
                       key=_measured)
         if near:
             L.append(f"- {len(near)} discarded experiment(s) measured below the best but not by enough to clear "
-                     f"the threshold (closest: #{near[0].id} ({_md(near[0].description)}), {_f(near[0].val_bpb)}).")
+                     f"the threshold (closest: #{near[0].id} ({_md(near[0].description)}), {_f(_shown(data, near[0].val_bpb))}).")
         odd = step_outliers(data)
         if odd:
             L.append(f"- **{len(odd)} kept change(s) trained a very different number of steps than the baseline "
@@ -321,7 +329,7 @@ def render_markdown(data: ReportData, plot_name: str = "progress.png", tsv_name:
                         if med < 10 else ""))
         L.append("")
     L += ["## Noise", "",
-          f"- Baseline samples: {', '.join(_f(v) for v in data.baseline) or '—'}",
+          f"- Baseline samples: {', '.join(_f(_shown(data, v)) for v in data.baseline) or '—'}",
           f"- σ across seeds (unpaired, floored): {_f(data.sigma, 5)}; σ of a paired difference "
           f"(candidate − reference on the same seed): **{_f(data.sigma_paired, 5)}** ({data.paired_dof} degree(s) of "
           "freedom from this campaign's pairs, plus the prior).",
@@ -341,8 +349,9 @@ def render_markdown(data: ReportData, plot_name: str = "progress.png", tsv_name:
         L += [f"| # | experiment | description | {data.metric} | Δ vs previous best | Δ vs baseline | runs | steps | commit | "
               "paired gain (pairs) |", "|---|---|---|---|---|---|---|---|---|---|"]
         for i, (p, dprev, dbase) in enumerate(data.kept, 1):
-            L.append(f"| {i} | #{p.id} | {_md(p.description)} | {_f(p.val_bpb)} | {_f(dprev, sign=True)} | "
-                     f"{_f(dbase, sign=True)} | {p.samples} | {p.num_steps if p.num_steps is not None else '—'} | "
+            L.append(f"| {i} | #{p.id} | {_md(p.description)} | {_f(_shown(data, p.val_bpb))} | "
+                     f"{_f(_shown(data, dprev), sign=True)} | {_f(_shown(data, dbase), sign=True)} | {p.samples} | "
+                     f"{p.num_steps if p.num_steps is not None else '—'} | "
                      f"`{p.commit}` | {_f(p.paired_gain, sign=True)} ({p.pairs}) |")
     else:
         L.append("None.")

@@ -28,7 +28,7 @@ def run(args) -> int:
 
     from mcp_server.agents.builtin import AgentError, run_builtin
     from mcp_server.cli.demo import Display, ProgressState, plan_line
-    from mcp_server.loop.targets import metric_label
+    from mcp_server.loop.targets import metric_label, shown
     from mcp_server.loop.workspace import Workspace
 
     if args.n is not None and args.n < 0:
@@ -47,7 +47,8 @@ def run(args) -> int:
                       f"`loopwright config set executor.parallel {parallel}` runs more at once.")
     state = ProgressState(f"loopwright run · {ws.root.name} · built-in agent, seed {args.seed}"
                           + (f", {parallel} in parallel on {ex.kind}" if parallel > 1 or ex.kind != "local" else ""),
-                          n=args.n, metric=metric_label(ws.cfg))
+                          n=args.n, metric=metric_label(ws.cfg),
+                          sign=1.0 if ws.cfg.target is None else ws.cfg.target.sign())
     if args.time_budget:
         state.deadline = state.started + args.time_budget
     with ws.ledger() as ledger:
@@ -61,8 +62,8 @@ def run(args) -> int:
     except AgentError as e:
         print(f"loopwright run: {e}", file=sys.stderr)
         return 1
-    best = "—" if res.best is None else f"{res.best:.4f}"
-    base = "—" if res.baseline is None else f"{res.baseline:.4f}"
+    best = "—" if res.best is None else f"{shown(ws.cfg, res.best):.4f}"
+    base = "—" if res.baseline is None else f"{shown(ws.cfg, res.baseline):.4f}"
     console.print(f"{len(res.attempts)} experiment(s), {res.kept} kept in {res.seconds:.0f} s; best {best} "
                   f"(baseline {base}). Stopped: {res.stopped_because}. `loopwright report` writes the report.")
     return 0
