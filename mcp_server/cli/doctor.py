@@ -45,9 +45,15 @@ def _workspace_checks(start: Optional[str]) -> tuple[list[Check], Optional[Path]
     from mcp_server.loop.sandbox import PUBLIC_CORPUS_NOTE, corpus_is_public
 
     corpus = ws.cfg.benchmark.corpus
-    out.append(Check(True, f"corpus {corpus}" + (": held-out text readable on this machine" if corpus_is_public(corpus)
-                                                 else ": held-out text out of train.py's reach"),
-                     hint=PUBLIC_CORPUS_NOTE if corpus_is_public(corpus) else ""))
+    t = ws.cfg.target
+    if t is not None:
+        out.append(Check(True, f"target {t.name}: {t.direction} {t.metric} (noise {t.noise}); hidden files in the "
+                               "state directory only", hint="`loopwright target check` runs the baseline through "
+                               "the gate, the run and the evaluator, and probes the hidden files from the sandbox"))
+    else:
+        out.append(Check(True, f"corpus {corpus}" + (": held-out text readable on this machine" if corpus_is_public(corpus)
+                                                     else ": held-out text out of train.py's reach"),
+                         hint=PUBLIC_CORPUS_NOTE if corpus_is_public(corpus) else ""))
     try:
         eng = Engine(ws.root)
     except Exception as e:  # noqa: BLE001
@@ -73,6 +79,21 @@ def _workspace_checks(start: Optional[str]) -> tuple[list[Check], Optional[Path]
     return out, ws.root
 
 
+def _a_frozen_file(root: Path) -> str:
+    """A frozen file the guard must protect: prepare.py in a GPT workspace, a target's evaluator otherwise."""
+    if (root / "prepare.py").is_file():
+        return "prepare.py"
+    try:
+        from mcp_server.loop.config import load_config
+        from mcp_server.loop.targets import argv
+
+        t = load_config(root).target
+        words = argv(t.evaluate) if t is not None else []
+        return next((w for w in words[1:] if (root / w).is_file()), "loopwright.toml")
+    except Exception:  # noqa: BLE001 - an unreadable config is reported by the workspace check
+        return "loopwright.toml"
+
+
 def _fix_for(e: Exception) -> str:
     """What to do about an error raised while opening the campaign."""
     from mcp_server.loop.settings import SettingsError
@@ -95,14 +116,15 @@ def _hook_checks(root: Optional[Path], state_dir: Optional[Path] = None) -> list
     # one wiring per client (plugin or workspace files, never both), and the clients' sandboxes
     out += [Check(f.ok, f.what, f.fix) for f in clients.check_wiring(root, state_dir)]
     # the guard must answer, and fast: it runs on every tool call
+    frozen = _a_frozen_file(root)
     payload = json.dumps({"hook_event_name": "PreToolUse", "tool_name": "Write", "cwd": "/",
-                          "tool_input": {"file_path": str(root / "prepare.py"), "content": "x"}})
+                          "tool_input": {"file_path": str(root / frozen), "content": "x"}})
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "mcp_server.guard", "pre-tool-use"], input=payload,
                           capture_output=True, text=True, timeout=30, cwd=str(root))
     ms = (time.monotonic() - t0) * 1000
     denied = proc.returncode == 2 or '"deny"' in proc.stdout
-    out.append(Check(denied, f"guard denies a write to prepare.py ({ms:.0f} ms)",
+    out.append(Check(denied, f"guard denies a write to {frozen} ({ms:.0f} ms)",
                      "the guard is broken: run `python -m mcp_server.guard pre-tool-use` by hand to see why"))
     last = clients.last_hook_heartbeat(root)
     if last is None:

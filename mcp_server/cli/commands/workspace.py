@@ -154,7 +154,7 @@ def status(args) -> int:
                               "recent": [{k: r[k] for k in ("id", "description", "status", "verdict", "val_bpb")}
                                          for r in rows]}, indent=2))
             return 0
-        _print_status(s, b, rows)
+        _print_status(s, b, rows, eng.ws.cfg)
         failed = _last_launch_failure(eng)
         if failed:
             print(failed)
@@ -183,17 +183,20 @@ def _last_launch_failure(eng) -> str:
             f"{p.get('error', '?')}")
 
 
-def _print_status(s, b, rows) -> None:
+def _print_status(s, b, rows, cfg) -> None:
     from rich.console import Console
     from rich.table import Table
 
     from mcp_server.loop.text import for_rich  # descriptions are agent-written: no raw markup or escapes
 
     con = Console()
-    con.print(f"[bold]campaign[/] {s.tag}  branch {s.branch}  pinned {s.pinned_commit}  "
-              f"benchmark {b.benchmark_version or 'unversioned'}")
-    best = "—" if s.best_val_bpb is None else f"{s.best_val_bpb:.4f}"
-    base = "—" if s.baseline_val_bpb is None else f"{s.baseline_val_bpb:.4f}"
+    from mcp_server.loop.targets import metric_label, shown
+
+    what = (f"target {cfg.target.name} ({cfg.target.direction} {cfg.target.metric})" if cfg.target is not None
+            else f"benchmark {b.benchmark_version or 'unversioned'}")
+    con.print(f"[bold]campaign[/] {s.tag}  branch {s.branch}  pinned {s.pinned_commit}  {what}")
+    best = "—" if s.best_val_bpb is None else f"{shown(cfg, s.best_val_bpb):.4f}"
+    base = "—" if s.baseline_val_bpb is None else f"{shown(cfg, s.baseline_val_bpb):.4f}"
     con.print(f"[bold]best[/] {best} (commit {s.best_commit})   baseline {base}   "
               f"{s.experiments} experiments, [green]{s.kept} kept[/], {s.discarded} discarded, "
               f"[red]{s.crashed} failed[/]")
@@ -204,11 +207,11 @@ def _print_status(s, b, rows) -> None:
     con.print(f"[bold]budget left[/] {left(b.experiments_left)} experiments, {left(b.hours_left, ' h')}, "
               f"${left(b.cost_left_usd)}   should_stop={b.should_stop} {'; '.join(b.reasons)}")
     t = Table(title="recent experiments")
-    for col in ("id", "description", "status", "verdict", "val_bpb", "commit"):
+    for col in ("id", "description", "status", "verdict", metric_label(cfg), "commit"):
         t.add_column(col)
     for r in rows:
         colour = {"keep": "green", "discard": "grey50", "retest": "yellow"}.get(r["verdict"] or "", "")
-        val = "" if r["val_bpb"] is None else f"{r['val_bpb']:.4f}"
+        val = "" if r["val_bpb"] is None else f"{shown(cfg, r['val_bpb']):.4f}"
         t.add_row(str(r["id"]), for_rich(r["description"], 60), r["status"], f"[{colour}]{r['verdict'] or ''}[/]"
                   if colour else (r["verdict"] or ""), val, (r["commit_sha"] or "")[:8])
     con.print(t)
