@@ -214,6 +214,11 @@ def test_fastsum_campaign_keeps_and_the_keep_replays(tmp_path):
     report = (ws_dir / ".loopwright" / "reports" / "report.md").read_text()
     assert "Target: **fastsum: minimize cpu_seconds" in report and "| cpu_seconds |" in report
     assert "bits/byte" not in report and "Hidden test split" not in report
+    status = cli("status", "-w", str(ws_dir))
+    assert status.returncode == 0 and "target fastsum" in status.stdout and "cpu_seconds" in status.stdout
+    doctor = cli("doctor", "-w", str(ws_dir))
+    assert "target fastsum: minimize cpu_seconds" in doctor.stdout, doctor.stdout
+    assert "guard denies a write to evaluate.py" in doctor.stdout and "corpus" not in doctor.stdout
 
 
 @pytest.mark.slow
