@@ -312,3 +312,17 @@ def test_a_deterministic_target_whose_metric_varies_is_refused(tmp_path):
     ws = init_workspace(tmp_path / "ws", target=str(src))
     with Engine(ws.root) as eng, pytest.raises(LoopError, match=r"declares noise = \"deterministic\".*varies"):
         eng.run_experiment("baseline")
+
+
+def test_editable_globs_become_the_files_they_match(tmp_path):
+    src = _tiny_target(tmp_path / "tiny")
+    (src / "lib").mkdir()
+    (src / "lib" / "a.py").write_text("A = 1\n")
+    (src / "lib" / "b.py").write_text("B = 2\n")
+    toml = src / "loopwright.toml"
+    toml.write_text(toml.read_text().replace('editable = ["solution.py"]', 'editable = ["solution.py", "lib/*.py"]'))
+    ws = init_workspace(tmp_path / "ws", target=str(src))
+    assert ws.cfg.paths.editable == ["solution.py", "lib/a.py", "lib/b.py"]
+    toml.write_text(toml.read_text().replace('frozen = ["run.py"', 'frozen = ["lib/**", "run.py"'))
+    with pytest.raises(WorkspaceError, match=r"lib/a\.py.*both an editable and a frozen"):
+        init_workspace(tmp_path / "ws2", target=str(src))

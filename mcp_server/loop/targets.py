@@ -77,6 +77,16 @@ def resolve_source(spec: str) -> TargetSource:
         raise WorkspaceError(f"{toml}: the editable path(s) {unmatched} name no file of {root}"
                              + (" (a git repository: only committed files count; commit them first)"
                                 if (root / ".git").exists() else ""))
+    # the loop edits, commits and reverts named files: the editable globs become the files they match now (an
+    # agent changes those; it does not add files)
+    editable: list[str] = []
+    for g in cfg.paths.editable:
+        editable += [rel for rel in sorted(files) if matches(rel, [g]) and rel not in editable]
+    frozen_too = [rel for rel in editable if matches(rel, frozen)]
+    if frozen_too:
+        raise WorkspaceError(f"{toml}: {frozen_too} match both an editable and a frozen path; narrow the frozen globs")
+    cfg.paths = cfgmod.PathsConfig(editable=editable, frozen=frozen, hidden=cfg.paths.hidden,
+                                   state_dir=cfg.paths.state_dir)
     both = sorted(rel for rel in files if matches(rel, cfg.paths.editable) and matches(rel, cfg.paths.hidden))
     if both:
         raise WorkspaceError(f"{toml}: {both} are both editable and hidden; a hidden file is the evaluator's alone")
