@@ -326,3 +326,15 @@ def test_editable_globs_become_the_files_they_match(tmp_path):
     toml.write_text(toml.read_text().replace('frozen = ["run.py"', 'frozen = ["lib/**", "run.py"'))
     with pytest.raises(WorkspaceError, match=r"lib/a\.py.*both an editable and a frozen"):
         init_workspace(tmp_path / "ws2", target=str(src))
+
+
+def test_a_keep_notification_names_the_target_metric_with_its_own_sign():
+    from mcp_server.notify import jira, slack
+
+    payload = {"val_bpb": 25.0, "previous_best": 36.0, "baseline": 36.0, "metric": "score", "sign": -1.0,
+               "experiment_id": 3, "commit": "abc"}
+    title, _ = slack._keep(payload, "main")
+    assert title == "New best score -25.0000 (+11.0000) · main"
+    assert jira.comment_text("keep", payload).startswith("New best score -25.000000 (experiment #3")
+    gpt = slack._keep({"val_bpb": 1.5, "previous_best": 1.6}, "main")[0]
+    assert gpt.startswith("New best val_bpb 1.5000 (-0.1000)")

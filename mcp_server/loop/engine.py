@@ -884,7 +884,13 @@ class Engine:
             "sigma": sig, "threshold": v.threshold, "tag": c["tag"], "paired_gain": v.gain,
             "plot_path": str(self.ws.reports_dir / "progress.png"),
             "test_bpb": statistics.fmean(test) if test else None,
-            "test_divergence": self._test_divergence(c, exp, samples, test)}, sinks_for(self.ws.cfg))
+            "test_divergence": self._test_divergence(c, exp, samples, test),
+            **self._metric_fields()}, sinks_for(self.ws.cfg))
+
+    def _metric_fields(self) -> dict:
+        """What a notification needs to name a target's metric (and flip a maximised one back)."""
+        t = self.ws.cfg.target
+        return {} if t is None else {"metric": t.metric, "sign": t.sign()}
 
     def _scorable(self, c: dict, experiment_id: Optional[int]) -> dict:
         if experiment_id is None:

@@ -22,7 +22,7 @@ import re
 from typing import Mapping, Optional
 
 from mcp_server.notify.events import DeliveryError, Event, ledger_uid, redact
-from mcp_server.notify.fmt import join, keep_deltas, num
+from mcp_server.notify.fmt import as_shown, join, keep_deltas, num
 
 log = logging.getLogger("loopwright.notify.jira")
 
@@ -46,8 +46,10 @@ def comment_text(kind: str, p: dict) -> str:
                 f"{inert(p.get('description'))}\n"
                 f"Comment /approve {aid} or /reject {aid} <reason> (approvers only).")
     if kind == "keep":
+        p = as_shown(p)
         d_best, d_base = keep_deltas(p)
-        lines = [f"New best val_bpb {num(p.get('val_bpb'), '.6f')} (experiment #{p.get('experiment_id', '?')}, "
+        lines = [f"New best {p.get('metric') or 'val_bpb'} {num(p.get('val_bpb'), '.6f')} "
+                 f"(experiment #{p.get('experiment_id', '?')}, "
                  f"commit {str(p.get('commit') or 'n/a')[:12]})",
                  f"- vs previous best: {num(d_best, '+.6f')} (was {num(p.get('previous_best'), '.6f')})",
                  f"- vs baseline: {num(d_base, '+.6f')} (baseline {num(p.get('baseline'), '.6f')})",

@@ -28,7 +28,7 @@ from slack_sdk.webhook import WebhookClient
 
 from mcp_server.notify import approval_blocks
 from mcp_server.notify.events import DeliveryError, Event, ledger_uid, plot_marker_key, redact
-from mcp_server.notify.fmt import join, keep_deltas, num
+from mcp_server.notify.fmt import as_shown, join, keep_deltas, num
 
 log = logging.getLogger("loopwright.notify.slack")
 # The SDK logs request headers (the bearer token) at DEBUG; give it a logger that never does.
@@ -73,9 +73,11 @@ def _fields(pairs: list[tuple[str, str]]) -> dict:
 
 
 def _keep(p: dict, tag: str) -> tuple[str, list[dict]]:
+    p = as_shown(p)
+    metric = str(p.get("metric") or "val_bpb")
     val, best, base = p.get("val_bpb"), p.get("previous_best"), p.get("baseline")
     d_best, d_base = keep_deltas(p)
-    title = f"New best val_bpb {num(val)} ({num(d_best, '+.4f')}) · {tag}"
+    title = f"New best {metric} {num(val)} ({num(d_best, '+.4f')}) · {tag}"
     if p.get("test_divergence"):
         check = f":warning: test_bpb {num(p.get('test_bpb'))} diverges from val: possible overfitting or leakage"
     elif p.get("test_bpb") is not None:
@@ -86,7 +88,7 @@ def _keep(p: dict, tag: str) -> tuple[str, list[dict]]:
     blocks = [
         _header(title),
         _fields([
-            ("val_bpb", f"`{num(val, '.6f')}`"),
+            (metric, f"`{num(val, '.6f')}`"),
             ("vs previous best", f"{num(d_best, '+.6f')} (was {num(best, '.6f')})"),
             ("vs baseline", f"{num(d_base, '+.6f')} (baseline {num(base, '.6f')})"),
             ("Noise", f"σ {num(p.get('sigma'), '.5f')} · threshold {num(p.get('threshold'), '.5f')}"),
