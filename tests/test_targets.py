@@ -338,3 +338,28 @@ def test_a_keep_notification_names_the_target_metric_with_its_own_sign():
     assert jira.comment_text("keep", payload).startswith("New best score -25.000000 (experiment #3")
     gpt = slack._keep({"val_bpb": 1.5, "previous_best": 1.6}, "main")[0]
     assert gpt.startswith("New best val_bpb 1.5000 (-0.1000)")
+
+
+def test_an_approve_keeps_campaign_on_a_target_waits_for_a_person_then_keeps(tmp_path):
+    """The autonomy slider on a target (squeeze, real runs): the keep waits on its branch, a person's approval
+    makes it the best, and the tree the next run measures is the approved bytes."""
+    from mcp_server.loop import decisions
+    from mcp_server.loop import settings as setmod
+
+    ws = init_workspace(tmp_path / "ws", target="squeeze")
+    setmod.save(ws.settings_path, setmod.set_value(ws.settings(), "campaign.autonomy", "approve-keeps"))
+    with Engine(ws.root) as eng:
+        assert eng.run_experiment("baseline").status == "ok"
+        src = (ws.root / "compressor.py").read_text()
+        (ws.root / "compressor.py").write_text(src.replace("\nLEVEL = 1\n", "\nLEVEL = 6\n"))
+        res = eng.run_experiment("LEVEL 1 -> 6")
+        assert res.status == "ok" and res.metric == "compressed_bytes" and res.metric_value < 113130
+        sc = eng.score(res.experiment_id)
+        assert sc.verdict == "pending_approval", sc
+        best_before = eng.campaign["best_commit"]
+    a, decided = decisions.decide(ws.root, 1, True, "ana", "cli")
+    assert decided and decisions.apply_approved(ws.root)[0].startswith("#1: applied")
+    with Engine(ws.root) as eng:
+        c = eng.campaign
+        assert c["best_commit"] != best_before and c["best_experiment_id"] == res.experiment_id
+        assert "\nLEVEL = 6\n" in gitops.blob_bytes(ws.root, c["best_commit"], "compressor.py").decode()
