@@ -120,7 +120,7 @@ def _run(ws: Workspace, solution: str, seed: int = 5):
         tree = eng.run_tree(pinned)
     finally:
         eng.close()
-    tree["solution.py"] = solution.encode()
+    tree[ws.cfg.paths.editable[0]] = solution.encode()
     run_dir = ws.state_dir / "runs" / f"attack-{seed}"
     tr = runner.run_training(ws, run_dir, seed, sources=tree)
     ev = runner.run_evaluation(ws, pinned, run_dir, tr.model_path) if tr.status == "ok" and tr.model_path else None
@@ -363,3 +363,28 @@ def test_an_approve_keeps_campaign_on_a_target_waits_for_a_person_then_keeps(tmp
         c = eng.campaign
         assert c["best_commit"] != best_before and c["best_experiment_id"] == res.experiment_id
         assert "\nLEVEL = 6\n" in gitops.blob_bytes(ws.root, c["best_commit"], "compressor.py").decode()
+
+
+@pytest.fixture(scope="module")
+def squeeze(tmp_path_factory) -> Workspace:
+    return init_workspace(tmp_path_factory.mktemp("squeeze") / "ws", target="squeeze")
+
+
+def test_squeeze_refuses_a_forged_stream_and_its_candidate_reads_nothing_hidden(squeeze):
+    """squeeze's attacks: a compressor that reads the hidden expected hash, writes to the frozen evaluator and
+    prints a result line, then hands back a stream that does not decompress to the corpus (a tiny 'score')."""
+    ws = squeeze
+    attack = ATTACK.replace("HIDDEN", repr(str(ws.data_dir / "hidden" / "expected.json"))).replace(
+        "STATE", repr(str(ws.db_path))).replace("EVALUATE", repr(str(ws.root / "evaluate.py")))
+    forged = attack + (ws.root / "compressor.py").read_text() + "\n\ndef compress(data):\n    return b'x\\x9c\\x03\\x00'\n"
+    tr, ev, _ = _run(ws, forged, seed=11)
+    if tr.status == "ok":      # the gate's round-trip test may already refuse it; if not, the evaluator must
+        probe = json.loads((tr.model_path / "probe.json").read_text())
+        assert isinstance(probe["hidden"], str) and isinstance(probe["state"], str) and probe["frozen"] != "written"
+        assert ev is not None and not ev.ok, ev
+    else:
+        assert "gate failed" in tr.reason, tr.reason
+    assert "# rewritten" not in (ws.root / "evaluate.py").read_text()
+    honest = (ws.root / "compressor.py").read_text().replace("\nLEVEL = 1\n", "\nLEVEL = 9\n")
+    tr, ev, _ = _run(ws, honest, seed=12)
+    assert tr.status == "ok" and ev is not None and ev.ok and ev.val_bpb < 113130, (tr.reason, ev and ev.reason)
