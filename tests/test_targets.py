@@ -216,6 +216,14 @@ def test_fastsum_campaign_keeps_and_the_keep_replays(tmp_path):
     assert "bits/byte" not in report and "Hidden test split" not in report
     status = cli("status", "-w", str(ws_dir))
     assert status.returncode == 0 and "target fastsum" in status.stdout and "cpu_seconds" in status.stdout
+    patch = cli("target", "patch", "-w", str(ws_dir))    # the result, carried back to the user's repository
+    assert patch.returncode == 0 and "--- a/solution.py" in patch.stdout and "\n+SEGMENT = " in patch.stdout
+    copy = tmp_path / "mine"
+    shutil.copytree(bundled_targets()["fastsum"], copy)
+    applied = subprocess.run(["git", "apply", "-"], input=patch.stdout, text=True, cwd=copy, capture_output=True)
+    assert applied.returncode == 0, applied.stderr
+    assert (copy / "solution.py").read_text() == gitops.blob_bytes(
+        ws_dir, Workspace.open(ws_dir).ledger().campaign()["best_commit"], "solution.py").decode()
     doctor = cli("doctor", "-w", str(ws_dir))
     assert "target fastsum: minimize cpu_seconds" in doctor.stdout, doctor.stdout
     assert "guard denies a write to evaluate.py" in doctor.stdout and "corpus" not in doctor.stdout

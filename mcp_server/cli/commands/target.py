@@ -56,7 +56,10 @@ class Report:
 
 
 def target_args(sp) -> None:
-    sp.add_argument("action", choices=["check"], help="check: validate the target contract before the first run")
+    sp.add_argument("action", choices=["check", "patch"],
+                    help="check: validate the target contract before the first run; patch: print the campaign's "
+                         "best change to the editable files as a diff against the pinned baseline, for "
+                         "`git apply` in the repository the target was copied from")
     sp.add_argument("src", nargs="?", metavar="SRC", default=None,
                     help="a target folder (or git repository) or a bundled target's name, not yet a workspace: "
                          "checks that its contract parses and its globs name files. Without it: the workspace "
@@ -64,6 +67,8 @@ def target_args(sp) -> None:
 
 
 def target(args) -> int:
+    if args.action == "patch":
+        return patch(args)
     if args.src is not None and args.workspace is not None:
         return usage_error("target", "give a target folder (SRC) or --workspace WS, not both")
     rep = Report()
@@ -73,6 +78,29 @@ def target(args) -> int:
         check_workspace(args.workspace if args.src is None else args.src, rep)
     print("all checks passed" if not rep.failed else f"{rep.failed} check(s) failed")
     return 0 if not rep.failed else 1
+
+
+def patch(args) -> int:
+    """The best version's editable files against the pinned commit's, as a unified diff on stdout (the
+    workspace is a copy of the target: its history starts at the pin, so the diff is what carries a result back)."""
+    from mcp_server.cli.common import open_engine
+    from mcp_server.loop import gitops
+
+    if args.src is not None:
+        return usage_error("target", "patch reads a workspace: give it with --workspace WS, not as SRC")
+    with open_engine(args) as eng:
+        c = eng.campaign
+        diff = gitops.diff_text(eng.ws.root, c["pinned_commit"], c["best_commit"], list(eng.ws.cfg.paths.editable))
+        if not diff.strip():
+            print(f"loopwright target: campaign {c['tag']!r} has kept nothing yet: its best is the pinned baseline",
+                  file=sys.stderr)
+            return 1
+        print(diff if diff.endswith("\n") else diff + "\n", end="")
+        best = eng.ledger.experiment(c["best_experiment_id"]) if c["best_experiment_id"] else None
+        print(f"loopwright target: the best of campaign {c['tag']!r} (commit {c['best_commit'][:10]}"
+              + (f", experiment #{best['id']}: {best['description'][:80]}" if best else "")
+              + "); apply it in your repository with `git apply`", file=sys.stderr)
+    return 0
 
 
 def _is_workspace(path: Path) -> bool:
