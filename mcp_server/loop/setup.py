@@ -205,12 +205,7 @@ def _create_in(root: Path, state: Path, wid: str, src: Path, tag: str, corpus: s
     _write(root / "CLAUDE.md", agent_pointer("claude"))
     for rel, text in client_configs(root, sys.executable, state, wiring, corpus, mcp_url).items():
         _write(root / rel, text)
-    gitignore = root / ".gitignore"
-    lines = gitignore.read_text().splitlines() if gitignore.exists() else []
-    for entry in (f"/{cfg.paths.state_dir}/", "__pycache__/", "*.pt2"):
-        if entry not in lines:
-            lines.append(entry)
-    _write(gitignore, "\n".join(lines) + "\n")
+    _ignore_state(root, cfg, ("*.pt2",))
     _write_id(root, wid)
 
     ws = Workspace(root, cfg, state)
@@ -218,20 +213,37 @@ def _create_in(root: Path, state: Path, wid: str, src: Path, tag: str, corpus: s
     lock = {"prepare.py": gitops.file_sha256(root / "prepare.py"), "config_frozen": cfg.frozen_hash(),
             "data": data_hashes(meta), "tokenizer": meta.get("tokenizer"), "corpus": meta.get("corpus"),
             "workspace_id": wid, "benchmark_version": bench_version(src)}
-    _write(root / LOCK_NAME, json.dumps(lock, indent=2, sort_keys=True) + "\n")
-
-    pinned = gitops.init_repo_and_pin(root, f"loopwright: pin evaluator and baseline ({tag})")
-    # The pinned commit, recorded in a second place the agent cannot write (the ledger is the first).
-    write_record(state, {**read_record(state), "pinned_commit": pinned,
-                         "lock_sha256": gitops.file_sha256(root / LOCK_NAME)})
-    branch = gitops.campaign_branch(tag)
-    gitops.create_branch(root, branch, pinned, checkout=True)
-    with ws.ledger() as ledger:
-        cid = ledger.create_campaign(tag, branch, pinned)
-        ledger.add_event(cid, "campaign_start", {"tag": tag, "pinned_commit": pinned}, sinks=sinks_for(ws.cfg))
-    integrity.snapshot_pin(ws, pinned)      # a copy of the pinned objects, to repair a rewritten one
+    _pin_and_start(ws, lock, tag, f"loopwright: pin evaluator and baseline ({tag})", {})
     ws.sync_train_view()
     return ws
+
+
+def _pin_and_start(ws: Workspace, lock: dict, tag: str, message: str, event: dict) -> str:
+    """Write the lock, make the pinned commit, record it where the agent cannot write, open the campaign's
+    branch and its first ledger rows; the pinned commit."""
+    _write(ws.root / LOCK_NAME, json.dumps(lock, indent=2, sort_keys=True) + "\n")
+    pinned = gitops.init_repo_and_pin(ws.root, message)
+    # The pinned commit, recorded in a second place the agent cannot write (the ledger is the first).
+    write_record(ws.state_dir, {**read_record(ws.state_dir), "pinned_commit": pinned,
+                                "lock_sha256": gitops.file_sha256(ws.root / LOCK_NAME)})
+    branch = gitops.campaign_branch(tag)
+    gitops.create_branch(ws.root, branch, pinned, checkout=True)
+    with ws.ledger() as ledger:
+        cid = ledger.create_campaign(tag, branch, pinned)
+        ledger.add_event(cid, "campaign_start", {"tag": tag, "pinned_commit": pinned, **event},
+                         sinks=sinks_for(ws.cfg))
+    integrity.snapshot_pin(ws, pinned)      # a copy of the pinned objects, to repair a rewritten one
+    return pinned
+
+
+def _ignore_state(root: Path, cfg: cfgmod.LoopwrightConfig, extra: tuple[str, ...]) -> None:
+    """The workspace's .gitignore keeps the local state dir and caches out of every commit."""
+    gitignore = root / ".gitignore"
+    lines = gitignore.read_text().splitlines() if gitignore.exists() else []
+    for entry in (f"/{cfg.paths.state_dir}/", "__pycache__/", *extra):
+        if entry not in lines:
+            lines.append(entry)
+    _write(gitignore, "\n".join(lines) + "\n")
 
 
 def _init_target(root: Path, target: str, tag: str, force: bool, wiring: str | Mapping[str, str],
@@ -292,26 +304,11 @@ def _create_target_in(root: Path, state: Path, wid: str, src, tag: str, wiring: 
     _write(root / "CLAUDE.md", agent_pointer("claude", editable))
     for rel, text in client_configs(root, sys.executable, state, wiring, "", mcp_url).items():
         _write(root / rel, text)
-    gitignore = root / ".gitignore"
-    lines = gitignore.read_text().splitlines() if gitignore.exists() else []
-    for entry in (f"/{cfg.paths.state_dir}/", "__pycache__/"):
-        if entry not in lines:
-            lines.append(entry)
-    _write(gitignore, "\n".join(lines) + "\n")
+    _ignore_state(root, cfg, ())
     _write_id(root, wid)
     lock = {"config_frozen": cfg.frozen_hash(), "data": hidden, "workspace_id": wid,
             "target": cfg.target.name, "target_source": str(src.root), "benchmark_version": None}
-    _write(root / LOCK_NAME, json.dumps(lock, indent=2, sort_keys=True) + "\n")
-    pinned = gitops.init_repo_and_pin(root, f"loopwright: pin target {cfg.target.name} ({tag})")
-    write_record(state, {**read_record(state), "pinned_commit": pinned,
-                         "lock_sha256": gitops.file_sha256(root / LOCK_NAME)})
-    branch = gitops.campaign_branch(tag)
-    gitops.create_branch(root, branch, pinned, checkout=True)
-    with ws.ledger() as ledger:
-        cid = ledger.create_campaign(tag, branch, pinned)
-        ledger.add_event(cid, "campaign_start", {"tag": tag, "pinned_commit": pinned, "target": cfg.target.name},
-                         sinks=sinks_for(ws.cfg))
-    integrity.snapshot_pin(ws, pinned)
+    _pin_and_start(ws, lock, tag, f"loopwright: pin target {cfg.target.name} ({tag})", {"target": cfg.target.name})
     return ws
 
 
