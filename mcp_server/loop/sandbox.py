@@ -334,10 +334,10 @@ def build_command(argv: Sequence[str], *, mode: Literal["train", "eval"] = "trai
     for p in writable:
         ops.append((depth(p), 2, ["--bind", p, p]))
     pairs = files.items() if isinstance(files, Mapping) else files
-    for dest, src in pairs:
-        src_real = _real(src)
+    for dest, origin in pairs:
+        src_real = _real(origin)
         if not os.path.isfile(src_real):
-            raise FileNotFoundError(f"{src} (to be shown in the sandbox at {dest}) is not a file")
+            raise FileNotFoundError(f"{origin} (to be shown in the sandbox at {dest}) is not a file")
         ops.append((depth(os.fspath(dest)), 3, ["--ro-bind", src_real, os.path.abspath(os.fspath(dest))]))
     if mode == "train" and gpu_visible(env):
         for dev in gpu_devices():
@@ -675,7 +675,7 @@ def training_command(ws, argv: Sequence[str], *, view: os.PathLike | str, scratc
     untracked file it planted there (a prepare.pyc, a prepare/ package, a torch.py: red team)."""
     refuse_python_inside(ws.root)
     mount = _prepare_data_mount(ws)
-    files = {str(mount / p.name): p for p in sorted(Path(view).iterdir())
+    files: dict[str, os.PathLike | str] = {str(mount / p.name): p for p in sorted(Path(view).iterdir())
              if p.is_file() and not p.is_symlink() and not p.name.startswith(".")}
     files.update({str(dest): src for dest, src in (sources or {}).items()})
     # every workspace's state (another workspace on the same corpus holds the same val/test text), and
