@@ -246,3 +246,104 @@ def test_no_sql_outside_the_ledger():
         bad += [f"{path.relative_to(REPO)}:{line}: {text[:80]!r}"
                 for line, text in sql_in(ast.parse(path.read_text(encoding="utf-8")))]
     assert not bad, "SQL outside mcp_server/ledger/ (add a named method to the Ledger instead):\n" + "\n".join(bad)
+
+
+# --------------------------------------------------------------------------- private names stay home
+
+# loop/asyncrun.py drives Engine through its private methods (eng._pairs, eng._record_keep, ...): issue 25
+# item 1 merges the two loops and takes those calls away; replay.py's eng._integrity/_fresh_seeds/_tree_at
+# become public in the same step. Until then these two files are exempt.
+PRIVATE_USE_EXEMPT = {"mcp_server/loop/asyncrun.py", "mcp_server/loop/replay.py"}
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_definitions(tree: ast.AST) -> set[str]:
+    """Private names a module defines: functions, classes, methods, assigned names and attributes."""
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            out.add(node.id)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            out.add(node.attr)
+    return {n for n in out if _is_private(n)}
+
+
+def private_uses(tree: ast.AST, module: str, modules: set[str], elsewhere: set[str],
+                 is_package: bool = False) -> list[tuple[int, str]]:
+    """(line, what) for each use of another package module's private name in `module`:
+    `from pkg.x import _y`, `x._y` with x an imported package module, and `obj._y` where `_y` is defined
+    in another package module and not in this one (an object of another module's class)."""
+    package = module if is_package else module.rpartition(".")[0]
+    own = private_definitions(tree)
+    aliases: set[str] = set()      # local names bound to package modules
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            if base not in modules:
+                continue
+            for a in node.names:
+                if f"{base}.{a.name}" in modules:
+                    aliases.add(a.asname or a.name)
+                elif _is_private(a.name):
+                    found.append((node.lineno, f"from {base} import {a.name}"))
+        elif isinstance(node, ast.Import):
+            aliases.update(a.asname for a in node.names if a.asname and a.name in modules)
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Attribute) and _is_private(node.attr)):
+            continue
+        owner = node.value.id if isinstance(node.value, ast.Name) else None
+        if owner in ("self", "cls"):
+            continue
+        if owner in aliases or (node.attr in elsewhere and node.attr not in own):
+            found.append((node.lineno, ast.unparse(node)))
+    return sorted(found)
+
+
+def test_the_private_name_check_sees_what_it_must():
+    modules = {"pkg", "pkg.a", "pkg.b"}
+    planted = ("from pkg.a import _helper, public\n"        # 1: imported private name
+               "from pkg import a\n"
+               "from . import b as bee\n"
+               "a._table\n"                                  # 4: a module's private attribute
+               "bee._other()\n"                              # 5: the same through a relative alias
+               "eng._pairs(c)\n"                             # 6: another module's class's private method
+               "self._mine = 1\n"
+               "x._mine\n"                                   # defined here: fine
+               "os._exit(0)\n"                               # not the package's: not this check's business
+               "a.__name__\n")
+    uses = private_uses(ast.parse(planted), "pkg.c", modules, elsewhere={"_pairs", "_mine"})
+    assert [line for line, _ in uses] == [1, 4, 5, 6]
+    assert uses[0][1] == "from pkg.a import _helper"
+
+
+def test_no_module_uses_another_modules_private_names():
+    """A name shared between modules is public (no underscore, a docstring); a private one stays home."""
+    paths = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    trees = {m: ast.parse(p.read_text(encoding="utf-8")) for m, p in paths.items()}
+    defined = {m: private_definitions(t) for m, t in trees.items()}
+    bad = []
+    for mod, tree in trees.items():
+        rel = str(paths[mod].relative_to(REPO))
+        if rel in PRIVATE_USE_EXEMPT:
+            continue
+        elsewhere = set().union(*(d for m, d in defined.items() if m != mod))
+        bad += [f"{rel}:{line}: {what}" for line, what in private_uses(tree, mod, set(paths), elsewhere,
+                                                                              paths[mod].name == "__init__.py")]
+    assert not bad, ("private names used outside their module (make them public, or move the code to the "
+                     "module that owns them):\n" + "\n".join(sorted(bad)))
+
+
+def test_mypy_exempts_no_module():
+    """mypy checks the whole package: no override block switches its errors off (issue 25 item 3)."""
+    text = (REPO / "pyproject.toml").read_text()
+    assert "[tool.mypy]" in text
+    assert "ignore_errors" not in text and "[[tool.mypy.overrides]]" not in text
