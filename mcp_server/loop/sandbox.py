@@ -532,7 +532,7 @@ PUBLIC_CORPUS_NOTE = (
     "hidden from train.py's sandbox)")
 
 # The default corpus: its val/test are these standard-library modules (= bench/gpt/prepare.py's HELDOUT_STDLIB,
-# which cannot import this; tests/test_hidden_corpus.py checks they agree), hidden from agent code in every
+# which cannot import this; tests/bench/test_hidden_corpus.py checks they agree), hidden from agent code in every
 # Python installation heldout_stdlib_paths() finds. Training, numpy, torch and prepare.py import none of them.
 HELDOUT_CORPUS = "stdlib-hidden"
 HELDOUT_STDLIB = ("xmlrpc", "wsgiref", "curses", "dbm", "mailbox", "imaplib", "smtplib", "ftplib", "poplib",
