@@ -521,7 +521,7 @@ def eval_bootstrap(script: os.PathLike | str, argv: Sequence[str], site: Sequenc
 
 def _prepare_data_mount(ws) -> Path:
     """Where the workspace's prepare.py looks for data (DATA_DIR = <its dir>/.loopwright/data)."""
-    return Path(getattr(ws, "workspace_data_dir", None) or Path(ws.root) / ".loopwright" / "data")
+    return Path(ws.workspace_data_dir)
 
 
 PUBLIC_CORPUS_NOTE = (
@@ -609,8 +609,7 @@ def corpus_sources(ws) -> list[Path]:
     """The workspace's corpus on disk when it is a PATH, or stdlib-hidden's held-out modules (the other named
     ones are downloaded into the hidden state dir, except stdlib, which no sandbox that runs Python can hide:
     see docs/security.md)."""
-    corpus = str(getattr(getattr(getattr(ws, "cfg", None), "benchmark", None), "corpus", "") or "")
-    return _corpus_paths(corpus, getattr(ws, "root", None))
+    return _corpus_paths(ws.cfg.benchmark.corpus, ws.root)
 
 
 def registered_corpora() -> list[Path]:
