@@ -347,3 +347,14 @@ def test_mypy_exempts_no_module():
     text = (REPO / "pyproject.toml").read_text()
     assert "[tool.mypy]" in text
     assert "ignore_errors" not in text and "[[tool.mypy.overrides]]" not in text
+
+
+def test_tests_are_grouped_by_layer():
+    """Tests sit in one folder per layer, never at tests/'s top level (the helpers do), and no two test files
+    share a name: without __init__.py files pytest imports each by its basename (issue 25 item 7)."""
+    tests = REPO / "tests"
+    assert not sorted(p.name for p in tests.glob("test_*.py")), "a test file at tests/ top level: move it to its layer"
+    files = list(tests.glob("*/test_*.py"))
+    names = [p.name for p in files]
+    assert len(files) > 50 and len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+    assert not list(tests.glob("*/*/test_*.py")), "one level of layer folders"
