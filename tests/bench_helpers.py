@@ -14,6 +14,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "bench" / "gpt"
+FROZEN_PY = ("prepare.py", "evaluate.py", "pt2audit.py")   # the frozen harness: prepare.py and its siblings
 
 
 def write_toml(dest: Path, **benchmark) -> None:
@@ -24,9 +25,11 @@ def write_toml(dest: Path, **benchmark) -> None:
 
 
 def bench_dir(dest: Path, *, train: bool = False, **benchmark) -> Path:
-    """A directory with a copy of prepare.py (and train.py), and a loopwright.toml."""
+    """A directory with a copy of the frozen harness (prepare.py and its siblings; and train.py), and a
+    loopwright.toml."""
     dest.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(BENCH / "prepare.py", dest / "prepare.py")
+    for name in FROZEN_PY:
+        shutil.copyfile(BENCH / name, dest / name)
     if train:
         shutil.copyfile(BENCH / "train.py", dest / "train.py")
     write_toml(dest, **benchmark)
@@ -38,6 +41,7 @@ def load_prepare(d: Path):
     name = f"prepare_{uuid.uuid4().hex[:8]}"
     spec = importlib.util.spec_from_file_location(name, d / "prepare.py")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod   # as an import does: prepare.sibling() binds evaluate.py/pt2audit.py to it
     spec.loader.exec_module(mod)
     return mod
 

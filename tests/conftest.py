@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from bench_helpers import FROZEN_PY  # noqa: F401 - the frozen harness files, for the test modules
+
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "bench" / "gpt"
 
@@ -86,7 +88,7 @@ def hobbled_bench(dest: Path, lr: str = "0.0002", max_steps: int = 24, tiny: boo
     not depend on how busy the machine is. tiny: two blocks of width 64 (a step costs ~1/8), for tests
     of the loop's flow that only need the LR fix to be a clear gain."""
     dest.mkdir(parents=True, exist_ok=True)
-    for name in ("prepare.py", "program.md"):
+    for name in (*FROZEN_PY, "program.md"):
         shutil.copyfile(BENCH / name, dest / name)
     src = (BENCH / "train.py").read_text()
     src, n = re.subn(r"^LR = [0-9.e-]+", f"LR = {lr}", src, count=1, flags=re.M)

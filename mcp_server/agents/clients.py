@@ -42,7 +42,8 @@ SESSION_START_MATCHER = "startup|resume|compact"
 # Workspace files the agent's shell must not write (the guard says why; the sandbox enforces it). Not
 # .claude: Claude Code's sandbox protects its own settings and mounts inside .claude (a read-only .claude
 # makes every sandboxed command fail).
-FROZEN_WORKSPACE_FILES = ("prepare.py", "program.md", "loopwright.toml", "loopwright.lock", ".git",
+FROZEN_WORKSPACE_FILES = ("prepare.py", "evaluate.py", "pt2audit.py", "program.md", "loopwright.toml", "loopwright.lock",
+                          ".git",
                           ".codex", ".mcp.json", "AGENTS.md", "CLAUDE.md", ".gitignore",
                           ".loopwright/workspace-id", ".loopwright/data")
 

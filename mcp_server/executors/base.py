@@ -3,7 +3,7 @@ Executor protocol the engine drives.
 
 A run is one training of train.py on one seed followed by the frozen evaluator, in an isolated working
 copy (executors/workcopy.py). Everything a run depends on travels *by content*: the editable sources,
-the pinned evaluator's bytes (prepare.py + loopwright.toml of the pinned commit) and the data's
+the pinned evaluator's bytes (prepare.py, its siblings, loopwright.toml of the pinned commit) and the data's
 manifest {file: sha256}; a worker verifies every data file against the manifest before use. No path of
 the workspace or its state directory is needed on the worker, and no secret travels (the runner's
 scrubbed environment applies on the worker too).
@@ -40,7 +40,8 @@ class RunSpec:
     run_id     the ledger row the outcome goes to (also the handle)
     seed       LOOPWRIGHT_SEED for train.py (the runner picks seeds, never train.py)
     sources    the editable files {relative path: text}, e.g. {"train.py": "..."}
-    evaluator  the pinned commit's frozen files {name: bytes}: "prepare.py" and "loopwright.toml"
+    evaluator  the pinned commit's frozen files {name: bytes}: "prepare.py" (with
+               "evaluate.py" and "pt2audit.py" where the pinned commit has them) and "loopwright.toml"
                (the benchmark's frozen settings -- clock, budget, eval tokens -- are read from the latter)
     data       the manifest {file name: sha256} from the pinned loopwright.lock (train/val/test, meta)
     hidden     a target's hidden files {path: bytes} (loop/targets.py): staged for its evaluator after the run,

@@ -3,7 +3,8 @@
 From a RunSpec a fresh temporary directory is built:
 
     <base>/loopwright-run-XXXX/
-      ws/          prepare.py + loopwright.toml (the pinned bytes), the editable sources (train.py)
+      ws/          prepare.py (+ evaluate.py, pt2audit.py) + loopwright.toml (the pinned bytes), the editable
+                   sources (train.py)
       state/data/  the data files, each verified against the spec's manifest (sha256) before use; val/test
                    only once training is over (HELD_OUT)
       run/         train.log, scratch/ (train.py's one writable dir), eval.log, eval.json

@@ -42,7 +42,8 @@ def loop_state_home() -> str:
     return os.path.join(os.path.abspath(os.path.expanduser(base)), "loopwright")
 
 _DESCRIPTIONS = {
-    "prepare.py": "the frozen evaluator",
+    "prepare.py": "the frozen evaluator", "evaluate.py": "the frozen evaluator",
+    "pt2audit.py": "the frozen check of the exported model archive",
     "program.md": "the research spec you follow",
     "loopwright.toml": "the loop's frozen configuration: benchmark, paths, noise",
     "agents.md": "the agent instructions", "claude.md": "the agent instructions",

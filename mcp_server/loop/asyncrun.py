@@ -41,7 +41,7 @@ from mcp_server.loop import gitops, integrity, sandbox, targets, verdict
 from mcp_server.loop import text as textmod
 from mcp_server.loop.errors import LoopError
 from mcp_server.loop.models import AsyncResult, Change, SubmitResult, WaitResult
-from mcp_server.loop.workspace import sinks_for
+from mcp_server.loop.workspace import pinned_evaluator, sinks_for
 
 if TYPE_CHECKING:
     from mcp_server.loop.engine import Engine
@@ -203,8 +203,7 @@ def spec_for(eng: "Engine", c: dict, row: dict) -> RunSpec:
             sources[rel] = gitops.blob_bytes(root, row["commit_sha"], rel).decode("utf-8", "replace")
         except gitops.GitError:
             pass
-    evaluator = {"prepare.py": gitops.verified_blob_bytes(root, pinned, "prepare.py"),
-                 "loopwright.toml": gitops.verified_blob_bytes(root, pinned, "loopwright.toml")}
+    evaluator = pinned_evaluator(root, pinned)   # prepare.py, its siblings where pinned, loopwright.toml
     return RunSpec(run_id=row["id"], seed=int(row["seed"]), sources=sources, evaluator=evaluator,
                    data=data_manifest(eng, c), unsafe=sandbox.unsafe_requested(),
                    label=f"#{row['id']} {row['role']} seed {row['seed']}")

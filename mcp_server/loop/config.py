@@ -162,8 +162,8 @@ class TargetConfig(Section):
 class PathsConfig(Section):
     editable: list[str] = Field(default_factory=lambda: ["train.py"], min_length=1)
     frozen: list[str] = Field(default_factory=lambda: [
-        "prepare.py", "program.md", "loopwright.toml", "loopwright.lock", "AGENTS.md", "CLAUDE.md",
-        ".mcp.json", ".claude/**", ".codex/**", ".gitignore", ".git/**",
+        "prepare.py", "evaluate.py", "pt2audit.py", "program.md", "loopwright.toml", "loopwright.lock", "AGENTS.md",
+        "CLAUDE.md", ".mcp.json", ".claude/**", ".codex/**", ".gitignore", ".git/**",
     ])
     hidden: list[str] = Field(default_factory=lambda: [".loopwright/data/test.bin"])
     state_dir: str = ".loopwright"

@@ -50,8 +50,8 @@ from pathlib import Path
 from typing import Callable, Mapping, Optional
 
 from mcp_server.common.procs import kill_group, kill_group_now
-from mcp_server.loop import gitops, sandbox
-from mcp_server.loop.workspace import Workspace
+from mcp_server.loop import sandbox
+from mcp_server.loop.workspace import EVALUATOR_SIBLINGS, Workspace, pinned_evaluator
 
 ProgressFn = Callable[[int, float, float, float], None]   # step, loss, elapsed, remaining
 
@@ -679,17 +679,19 @@ def run_evaluation(ws: Workspace, pinned: Optional[str], run_dir: Path, model_pa
                    python: str = sys.executable, files: Optional[dict[str, bytes]] = None,
                    unsafe: Optional[bool] = None) -> EvalResult:
     """The pinned evaluator on the model. Its files come from the pinned commit's git objects, or, on an
-    executor's worker (no git there), by content in `files` (prepare.py and loopwright.toml)."""
+    executor's worker (no git there), by content in `files` (prepare.py, its siblings where the pinned
+    commit has them, and loopwright.toml: workspace.pinned_evaluator)."""
     info = sandbox.require(unsafe)
     if ws.cfg.target is not None:
         return _evaluate_target(ws, pinned, run_dir, model_path, python, info, files)
     if files is None:
         if pinned is None:
             raise ValueError("run_evaluation needs the pinned commit or the evaluator's files")
-        files = {"prepare.py": gitops.verified_blob_bytes(ws.root, pinned, "prepare.py"),
-                 "loopwright.toml": gitops.verified_blob_bytes(ws.root, pinned, "loopwright.toml")}
+        files = pinned_evaluator(ws.root, pinned)
     t0 = time.monotonic()
     pinned_sha = hashlib.sha256(files["prepare.py"]).hexdigest()
+    siblings = {name: hashlib.sha256(files[name]).hexdigest() for name in EVALUATOR_SIBLINGS
+                if name in files}
     try:
         # in the state dir (0700, denied to the client sandboxes), never the shared temp dir (red team R11b)
         box = sandbox.make_eval_dir(files, model_path, base=ws.state_dir / "eval")
@@ -703,7 +705,8 @@ def run_evaluation(ws: Workspace, pinned: Optional[str], run_dir: Path, model_pa
         nonce = secrets.token_hex(16) if b"--nonce" in files["prepare.py"] else None
         if nonce:
             argv += ["--nonce", nonce]
-        code = sandbox.eval_bootstrap(box.prepare, argv, sandbox.site_dirs(), pinned_sha)
+        code = sandbox.eval_bootstrap(box.prepare, argv, sandbox.site_dirs(), pinned_sha,
+                                      {str(box.path / n): digest for n, digest in siblings.items()})
         cmd = sandbox.evaluation_command(ws, [python, "-I", "-S", "-c", code], eval_dir=box,
                                          data_dir=ws.data_dir, data_files=EVAL_DATA_FILES, info=info)
         try:
@@ -718,7 +721,7 @@ def run_evaluation(ws: Workspace, pinned: Optional[str], run_dir: Path, model_pa
     elapsed = time.monotonic() - t0
     (run_dir / "eval.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
     if proc.returncode == sandbox.EVALUATOR_CHANGED_EXIT:
-        return EvalResult(False, "the evaluator's prepare.py changed on disk before it ran (its bytes are not the "
+        return EvalResult(False, "an evaluator file changed on disk before it ran (its bytes are not the "
                           f"pinned blob's): not scored. {proc.stderr.strip()[-300:]}", wall_seconds=elapsed,
                           model_sha256=box.model_sha256)
     result = _verdict(proc.stdout, nonce)

@@ -470,8 +470,8 @@ def copy_regular_file(src: os.PathLike | str, dest: os.PathLike | str, max_bytes
 def make_eval_dir(files: Mapping[str, bytes], model_src: os.PathLike | str, base: os.PathLike | str) -> EvalDir:
     """A fresh 0700 directory inside `base` (the state dir's eval/: never a shared temp dir, where any
     process of the agent's user can swap the pinned prepare.py -- red team R11b) holding the pinned
-    evaluator files and a hashed private copy of the model. `files` maps names (prepare.py,
-    loopwright.toml) to their pinned bytes."""
+    evaluator files and a hashed private copy of the model. `files` maps names (prepare.py, its siblings
+    evaluate.py and pt2audit.py, loopwright.toml) to their pinned bytes."""
     base = Path(base)
     base.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(base, 0o700)
@@ -493,27 +493,39 @@ def make_eval_dir(files: Mapping[str, bytes], model_src: os.PathLike | str, base
     return EvalDir(path, path / "prepare.py", model, digest, size)
 
 
-EVALUATOR_CHANGED_EXIT = 86   # the bootstrap's exit code when prepare.py is not the pinned bytes
+EVALUATOR_CHANGED_EXIT = 86   # the bootstrap's exit code when an evaluator file is not the pinned bytes
 
 
-def eval_bootstrap(script: os.PathLike | str, argv: Sequence[str], site: Sequence[str], sha256: str) -> str:
+def eval_bootstrap(script: os.PathLike | str, argv: Sequence[str], site: Sequence[str], sha256: str,
+                   siblings: Optional[Mapping[str, str]] = None) -> str:
     """Code for `python -I -S -c`: the interpreter's own library dirs first, the site-packages dirs
     (torch, numpy) appended LAST, no .pth processing (-S), no cwd/script dir/PYTHONPATH/user site (-I):
     a json.py or .pth planted in site-packages cannot shadow the stdlib or run at start-up. The script
     is read once, its bytes checked against `sha256` (the pinned blob's) and exactly those bytes run:
-    what ran is what was pinned, whoever could write the file meanwhile."""
-    return ("import sys; sys.path[:] = [p for p in sys.path if p and p != '.'] + "
-            f"[p for p in {list(site)!r} if p not in sys.path]; "
-            "import hashlib, types; "
-            f"path = {os.fspath(script)!r}; src = open(path, 'rb').read(); "
-            f"ok = hashlib.sha256(src).hexdigest() == {sha256!r}; "
-            "ok or sys.stderr.write('the evaluator file ' + path + ' is not the pinned prepare.py (sha256 ' + "
-            "hashlib.sha256(src).hexdigest() + '): refused\\n'); "
-            f"ok or sys.exit({EVALUATOR_CHANGED_EXIT}); "
-            f"sys.argv = {[os.fspath(script), *argv]!r}; "
-            "m = types.ModuleType('__main__'); m.__file__ = path; m.__builtins__ = __builtins__; "
-            "sys.modules['__main__'] = m; "
-            "exec(compile(src, path, 'exec'), m.__dict__)")
+    what ran is what was pinned, whoever could write the file meanwhile. `siblings` ({path: sha256}:
+    evaluate.py, pt2audit.py) are read and checked the same way, before anything runs, and handed to the
+    script as _PINNED_SOURCES ({module name: bytes}; prepare.sibling loads nothing else, not from disk)."""
+    main = os.fspath(script)
+    files = {main: sha256, **{os.fspath(p): digest for p, digest in (siblings or {}).items()}}
+    return ("import sys\n"
+            "sys.path[:] = [p for p in sys.path if p and p != '.'] + "
+            f"[p for p in {list(site)!r} if p not in sys.path]\n"
+            "import hashlib, types\n"
+            "srcs = {}\n"
+            f"for path, want in {files!r}.items():\n"
+            "    src = open(path, 'rb').read()\n"
+            "    got = hashlib.sha256(src).hexdigest()\n"
+            "    if got != want:\n"
+            "        sys.stderr.write('the evaluator file ' + path + ' is not the pinned ' + path.rsplit('/', 1)[-1]"
+            " + ' (sha256 ' + got + '): refused\\n')\n"
+            f"        sys.exit({EVALUATOR_CHANGED_EXIT})\n"
+            "    srcs[path] = src\n"
+            f"path = {main!r}\n"
+            f"sys.argv = {[main, *argv]!r}\n"
+            "m = types.ModuleType('__main__'); m.__file__ = path; m.__builtins__ = __builtins__\n"
+            "m._PINNED_SOURCES = {p.rsplit('/', 1)[-1][:-3]: s for p, s in srcs.items() if p != path}\n"
+            "sys.modules['__main__'] = m\n"
+            "exec(compile(srcs[path], path, 'exec'), m.__dict__)\n")
 
 
 # ---------------------------------------------------------------------------

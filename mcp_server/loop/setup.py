@@ -18,12 +18,13 @@ from mcp_server.loop import config as cfgmod
 from mcp_server.loop import gitops, integrity
 from mcp_server.loop import settings as setmod
 from mcp_server.loop.workspace import (
-    BENCH_FILES,
+    EVALUATOR_PY,
     ID_NAME,
     LOCK_NAME,
     StateDirError,
     Workspace,
     WorkspaceError,
+    bench_files,
     bench_source_dir,
     bench_version,
     check_state_dir,
@@ -49,7 +50,8 @@ def _write(path: Path, text: str) -> None:
 def agent_pointer(kind: str, editable: tuple[str, ...] = ("train.py",)) -> str:
     who = "Claude Code" if kind == "claude" else "Codex"
     names = ", ".join(f"`{e}`" for e in editable)
-    frozen = ("`prepare.py`, `loopwright.toml`, the data and `.loopwright/` are" if editable == ("train.py",) else
+    frozen = ("`prepare.py` (with `evaluate.py` and `pt2audit.py`), `loopwright.toml`, the data and `.loopwright/` "
+              "are" if editable == ("train.py",) else
               "Everything else (the evaluator, its tests, `loopwright.toml`, `.loopwright/`) is")
     return (f"# loopwright workspace ({who})\n\n"
             "Read `program.md` first and follow it on every run: it is the spec of this research loop.\n\n"
@@ -97,7 +99,7 @@ def init_workspace(directory: Path | str, tag: str = "main", corpus: str = cfgmo
         return _init_target(root, target, tag, force, wiring, mcp_url)
 
     src = Path(bench_dir) if bench_dir else bench_source_dir()
-    missing = [f for f in BENCH_FILES if not (src / f).is_file()]
+    missing = [f for f in bench_files(src) if not (src / f).is_file()]
     if missing:
         raise WorkspaceError(f"benchmark folder {src} lacks {', '.join(missing)}")
     if root == src.resolve():
@@ -185,7 +187,7 @@ def _create(root: Path, src: Path, tag: str, corpus: str, time_budget: Optional[
 def _create_in(root: Path, state: Path, wid: str, src: Path, tag: str, corpus: str, time_budget: Optional[float],
                overrides: Optional[dict], wiring: str | Mapping[str, str] = "workspace",
                mcp_url: Optional[str] = None) -> Workspace:
-    for name in BENCH_FILES:
+    for name in bench_files(src):
         shutil.copyfile(src / name, root / name)
 
     data: dict = {"campaign": {"tag": tag}, "benchmark": {"corpus": corpus}}
@@ -210,7 +212,8 @@ def _create_in(root: Path, state: Path, wid: str, src: Path, tag: str, corpus: s
 
     ws = Workspace(root, cfg, state)
     meta = prepare_data(root, ws.data_dir, corpus)
-    lock = {"prepare.py": gitops.file_sha256(root / "prepare.py"), "config_frozen": cfg.frozen_hash(),
+    lock = {**{n: gitops.file_sha256(root / n) for n in EVALUATOR_PY if (root / n).is_file()},
+            "config_frozen": cfg.frozen_hash(),
             "data": data_hashes(meta), "tokenizer": meta.get("tokenizer"), "corpus": meta.get("corpus"),
             "workspace_id": wid, "benchmark_version": bench_version(src)}
     _pin_and_start(ws, lock, tag, f"loopwright: pin evaluator and baseline ({tag})", {})

@@ -33,10 +33,15 @@ from typing import Optional
 
 from mcp_server.ledger.store import Ledger
 from mcp_server.loop import config as cfgmod
+from mcp_server.loop import gitops
 from mcp_server.loop import settings as setmod
 
 LOCK_NAME = "loopwright.lock"   # committed manifest of what decides the score
 BENCH_FILES = ("prepare.py", "train.py", "program.md")
+# prepare.py's frozen siblings: the evaluator and the .pt2 archive audit, which prepare.py loads by path
+# (prepare.sibling). Pinned, hashed and read-only like prepare.py; a workspace made before the split has none.
+EVALUATOR_SIBLINGS = ("evaluate.py", "pt2audit.py")
+EVALUATOR_PY = ("prepare.py", *EVALUATOR_SIBLINGS)
 # A benchmark folder's VERSION names its reference baseline ("v1"): the bundled train.py never changes within
 # a version (a campaign's keeps live on its branch, records in bench/gpt/RECORDS.md); init writes it to the lock.
 BENCH_VERSION_NAME = "VERSION"
@@ -78,6 +83,24 @@ def bench_source_dir(name: str = "gpt") -> Path:
             return c
     raise WorkspaceError(f"bundled benchmark '{name}' not found (looked in {', '.join(map(str, candidates))}); "
                          "reinstall loopwright")
+
+
+def bench_files(src: Path) -> tuple[str, ...]:
+    """The files a workspace copies from benchmark folder `src`: BENCH_FILES, and the siblings where its
+    prepare.py loads them (an older or hand-made prepare.py that holds its evaluator itself needs none)."""
+    try:
+        split = b"def sibling(" in (src / "prepare.py").read_bytes()
+    except OSError:
+        split = False
+    return BENCH_FILES + (EVALUATOR_SIBLINGS if split else ())
+
+
+def pinned_evaluator(root: Path, pinned: str) -> dict[str, bytes]:
+    """The evaluator's files from the pinned commit's git objects (re-hashed on the way): prepare.py, its
+    siblings where the commit has them (not in a workspace made before the split), loopwright.toml."""
+    tracked = set(gitops.tracked_files(root, pinned))
+    names = ("prepare.py", *(n for n in EVALUATOR_SIBLINGS if n in tracked), cfgmod.CONFIG_NAME)
+    return {n: gitops.verified_blob_bytes(root, pinned, n) for n in names}
 
 
 def bundled_targets() -> dict[str, Path]:

@@ -14,7 +14,7 @@ import pytest
 from mcp_server.agents.builtin import Planner, divisibility_constraints, moves, satisfies, set_constant
 from mcp_server.mechanisms.source import constant_values, tunable_constants
 
-from conftest import BENCH, REPO, hobbled_bench, make_workspace
+from conftest import BENCH, FROZEN_PY, REPO, hobbled_bench, make_workspace
 
 # The bundled train.py with the constants these tests were written against, so retuning the
 # benchmark's defaults does not change what the synthetic ledgers mean.
@@ -310,7 +310,7 @@ async def test_agent_keeps_confirms_notes_and_stops(tmp_path, small_corpus, monk
     _fake_runs(monkeypatch, _objective)
     bench = tmp_path / "bench"
     bench.mkdir()
-    for name in ("prepare.py", "program.md"):
+    for name in (*FROZEN_PY, "program.md"):
         (bench / name).write_bytes((BENCH / name).read_bytes())
     (bench / "train.py").write_text(TRAIN)   # the constants the scripted verdicts name
     # paired runs cancel the seed noise exactly here, so a small prior sigma puts QK_NORM's 0.0015 in the retest band
@@ -397,7 +397,7 @@ async def test_a_confirm_that_would_overrun_the_deadline_is_left_for_the_next_se
     _fake_runs(monkeypatch, _objective)
     bench = tmp_path / "bench"
     bench.mkdir()
-    for name in ("prepare.py", "program.md"):
+    for name in (*FROZEN_PY, "program.md"):
         (bench / name).write_bytes((BENCH / name).read_bytes())
     (bench / "train.py").write_text(TRAIN)
     ws = make_workspace(tmp_path / "ws", small_corpus, bench_dir=bench, noise={"sigma_prior": 0.001})
@@ -486,7 +486,7 @@ async def test_an_active_mechanism_steers_the_agent_from_its_first_move(tmp_path
     _fake_runs(monkeypatch, lambda vals, seed: 2.0 + (seed % 3) * 1e-4)   # nothing helps: every move discarded
     bench = tmp_path / "bench"
     bench.mkdir()
-    for name in ("prepare.py", "program.md"):
+    for name in (*FROZEN_PY, "program.md"):
         (bench / name).write_bytes((BENCH / name).read_bytes())
     (bench / "train.py").write_text(TRAIN)
     ws = make_workspace(tmp_path / "ws", small_corpus, bench_dir=bench)

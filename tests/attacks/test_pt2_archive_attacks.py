@@ -195,7 +195,7 @@ def test_crafted_archives_are_refused_before_torch_reads_them(ws, prep, honest, 
     marker = tmp_path / "payload-ran"
     evil = rewrite(honest, tmp_path / "evil.pt2", craft(kind, marker))
     with pytest.raises(prep.EvalError, match="refused") as err:
-        prep.evaluate_exported(str(evil), data_dir(ws))
+        prep.sibling("evaluate").evaluate_exported(str(evil), data_dir(ws))
     assert ATTACKS[kind] in str(err.value)
     assert not marker.exists()
 
@@ -238,10 +238,10 @@ def test_zip_level_tricks_are_refused(ws, prep, honest, tmp_path):
     for name, mutate, why in (("link.pt2", symlink, "not a plain file"), ("zip.pt2", deflated, "compressed"),
                               ("dup.pt2", duplicate, "twice")):
         with pytest.raises(prep.EvalError, match=why):
-            prep.evaluate_exported(str(build(name, mutate)), data_dir(ws))
+            prep.sibling("evaluate").evaluate_exported(str(build(name, mutate)), data_dir(ws))
     (tmp_path / "junk.pt2").write_bytes(b"not a zip at all")
     with pytest.raises(prep.EvalError, match="not a .pt2 archive"):
-        prep.evaluate_exported(str(tmp_path / "junk.pt2"), data_dir(ws))
+        prep.sibling("evaluate").evaluate_exported(str(tmp_path / "junk.pt2"), data_dir(ws))
 
 
 def test_sample_inputs_pickle_is_refused_and_never_handed_to_torch(prep, honest, tmp_path):
@@ -251,9 +251,9 @@ def test_sample_inputs_pickle_is_refused_and_never_handed_to_torch(prep, honest,
         files[f"{root}/data/sample_inputs/model.pt"] = pickle.dumps(Trap(marker), protocol=2)
     evil = rewrite(honest, tmp_path / "evil.pt2", edit)
     with pytest.raises(prep.EvalError, match="pickled Python objects"):
-        prep.checked_archive(str(evil))
+        prep.sibling("pt2audit").checked_archive(str(evil))
     assert not marker.exists()
-    with zipfile.ZipFile(prep.checked_archive(str(honest))) as z:  # torch gets no sample inputs at all
+    with zipfile.ZipFile(prep.sibling("pt2audit").checked_archive(str(honest))) as z:  # torch gets no sample inputs at all
         assert z.read("model/data/sample_inputs/model.pt") == b""
 
 
@@ -265,10 +265,10 @@ def test_load_sinks_refuse_even_without_the_archive_check(prep, honest, tmp_path
     marker = tmp_path / "payload-ran"
     evil = rewrite(honest, tmp_path / "expr.pt2", craft("size_expr", marker))
     with pytest.raises(prep.EvalError, match="tried to run code"):
-        with prep._pickle_free(), prep._no_code_in_load():
+        with prep.sibling("pt2audit")._pickle_free(), prep.sibling("pt2audit")._no_code_in_load():
             torch.export.load(str(evil))
     evil = rewrite(honest, tmp_path / "guards.pt2", craft("guards_code", marker))
-    with prep._pickle_free(), prep._no_code_in_load():
+    with prep.sibling("pt2audit")._pickle_free(), prep.sibling("pt2audit")._no_code_in_load():
         ep = torch.export.load(str(evil))  # loading does not run guards; building the module would
         with pytest.raises(prep.EvalError, match="tried to run code"):
             ep.module()
@@ -308,9 +308,9 @@ def test_bundled_gpt_export_passes_the_check_unchanged(ws, prep, tmp_path, monke
     model = train.GPT(prep.VOCAB_SIZE, train.D_MODEL, train.DEPTH, train.N_HEAD, train.MLP_RATIO, prep.SEQ_LEN)
     nn.init.normal_(model.head.weight, std=0.02)  # not the all-zero head of step 0: logits that differ
     path = prep.export_model(model, str(tmp_path / "gpt.pt2"))
-    with prep._pickle_free(), prep._no_code_in_load():
-        ep = torch.export.load(prep.checked_archive(path))
-        prep._audit_graph(ep)
+    with prep.sibling("pt2audit")._pickle_free(), prep.sibling("pt2audit")._no_code_in_load():
+        ep = torch.export.load(prep.sibling("pt2audit").checked_archive(path))
+        prep.sibling("pt2audit")._audit_graph(ep)
         checked = ep.module(check_guards=False)
     direct = torch.export.load(path).module()
     x = torch.randint(0, V, (prep.B_EVAL, prep.SEQ_LEN), generator=torch.Generator().manual_seed(1))
@@ -378,9 +378,9 @@ def test_the_statelessness_check_sees_constants_too(ws, prep, tmp_path, monkeypa
     """The second layer alone (the graph audit switched off): the state snapshot now covers what export
     keeps as constants, not only weights and buffers, so the counting model is caught at its first call."""
     path = Path(prep.export_model(CountsCalls(), str(tmp_path / "m.pt2")))
-    monkeypatch.setattr(prep, "_audit_graph", lambda ep: None)
+    monkeypatch.setattr(prep.sibling("pt2audit"), "_audit_graph", lambda ep: None)
     with pytest.raises(prep.EvalError, match="changes its own state"):
-        prep.evaluate_exported(str(path), data_dir(ws))
+        prep.sibling("evaluate").evaluate_exported(str(path), data_dir(ws))
 
 
 def test_in_place_ops_on_activations_still_score(ws, prep, tmp_path):
@@ -444,8 +444,8 @@ def test_the_evaluator_never_lets_the_model_touch_its_targets(ws, prep, tmp_path
     """The second layer alone (audit off): the model gets its own copy of the input, and the targets are
     a separate tensor, so overwriting the input buys nothing."""
     path = Path(prep.export_model(OverwritesItsInput(), str(tmp_path / "m.pt2")))
-    monkeypatch.setattr(prep, "_audit_graph", lambda ep: None)
-    res = prep.evaluate_exported(str(path), data_dir(ws))
+    monkeypatch.setattr(prep.sibling("pt2audit"), "_audit_graph", lambda ep: None)
+    res = prep.sibling("evaluate").evaluate_exported(str(path), data_dir(ws))
     assert res["val_bpb"] > 5.0, res     # it bets on one byte everywhere: far worse than uniform, not 0.16
 
 
@@ -468,10 +468,10 @@ def test_uninitialised_memory_is_refused_and_filled_anyway(ws, prep, tmp_path, m
     code, res, proc = evaluate(ws, path)
     assert code == 1 and "uninitialised memory" in res["reason"], proc.stdout[-500:] + proc.stderr[-500:]
     # the second layer: with the audit off, new tensors come filled, and the window is wiped before it is freed
-    monkeypatch.setattr(prep, "_audit_graph", lambda ep: None)
+    monkeypatch.setattr(prep.sibling("pt2audit"), "_audit_graph", lambda ep: None)
     was = torch.are_deterministic_algorithms_enabled()
     try:
-        prep.evaluate_exported(str(path), data_dir(ws))
+        prep.sibling("evaluate").evaluate_exported(str(path), data_dir(ws))
         assert torch.utils.deterministic.fill_uninitialized_memory and torch.are_deterministic_algorithms_enabled()
     finally:
         torch.use_deterministic_algorithms(was)

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from bench_helpers import BENCH, bench_dir, booby_trap_pt2, evaluate, load_prepare, run_cli, text_corpus
+from bench_helpers import BENCH, FROZEN_PY, bench_dir, booby_trap_pt2, evaluate, load_prepare, run_cli, text_corpus
 
 V = 256
 
@@ -205,7 +205,7 @@ def test_hand_computed_case_and_separators(hand_ws, tmp_path):
 
 def test_quick_eval_api_matches_the_evaluator(ws, prep, tmp_path):
     model = Bigram(seed=3)
-    res = prep.evaluate_exported(str(export(prep, model, tmp_path / "bigram.pt2")))  # what the CLI runs
+    res = prep.sibling("evaluate").evaluate_exported(str(export(prep, model, tmp_path / "bigram.pt2")))  # what the CLI runs
     assert res["ok"] and 2.0 < res["val_bpb"] < 20.0
     api = prep.evaluate_bpb(model, "val", max_tokens=prep.EVAL_TOKENS)
     assert api == pytest.approx(res["val_bpb"], rel=1e-9)
@@ -228,7 +228,7 @@ def test_probe_rejects_non_causal_models_every_time(prep, cls):
     model = cls()
     for _ in range(5):  # cut points are random: the cheat must be caught on every draw
         with pytest.raises(prep.EvalError, match="causality probe failed"):
-            prep.causality_probe(model, tokens, V)
+            prep.sibling("evaluate").causality_probe(model, tokens, V)
 
 
 def test_probe_catches_a_leak_at_one_or_two_positions_every_time(prep):
@@ -242,11 +242,11 @@ def test_probe_catches_a_leak_at_one_or_two_positions_every_time(prep):
         positions = rng.sample(range(prep.SEQ_LEN - 1), rng.choice((1, 2)))
         model = LeakAt(positions, seed=rng.randrange(1000))
         with pytest.raises(prep.EvalError, match="causality probe failed"):
-            prep.causality_probe(model, tokens, V)
+            prep.sibling("evaluate").causality_probe(model, tokens, V)
     # the first and last positions that can leak at all
     for pos in (0, prep.SEQ_LEN - 2):
         with pytest.raises(prep.EvalError, match="causality probe failed"):
-            prep.causality_probe(LeakAt([pos]), tokens, V)
+            prep.sibling("evaluate").causality_probe(LeakAt([pos]), tokens, V)
 
 
 def test_probe_costs_a_few_dozen_forward_passes_on_scored_batches(prep):
@@ -262,7 +262,7 @@ def test_probe_costs_a_few_dozen_forward_passes_on_scored_batches(prep):
         seen.append(x.clone())
         return Bigram()(x)
 
-    prep.causality_probe(forward, tokens, V)
+    prep.sibling("evaluate").causality_probe(forward, tokens, V)
     expected = 2 + math.ceil((prep.SEQ_LEN - 1) / prep.B_EVAL) + 2 * (prep.B_EVAL - 1).bit_length()
     assert len(seen) == expected
     assert all(tuple(row.tolist()) in scored for row in seen[0])
@@ -282,8 +282,8 @@ def test_scored_windows_are_spread_over_the_whole_split(prep):
 def test_probe_accepts_causal_models(prep):
     tokens = prep._tokens("val")
     for _ in range(5):
-        prep.causality_probe(Bigram(), tokens, V)
-        prep.causality_probe(Zeros(), tokens, V)
+        prep.sibling("evaluate").causality_probe(Bigram(), tokens, V)
+        prep.sibling("evaluate").causality_probe(Zeros(), tokens, V)
 
 
 class Jittery(Bigram):
@@ -304,11 +304,11 @@ class Jittery(Bigram):
 def test_probe_tells_run_to_run_jitter_from_a_leak(prep):
     tokens = prep._tokens("val")
     for _ in range(3):
-        prep.causality_probe(Jittery(6e-4), tokens, V)             # noise on identical inputs too: no leak
+        prep.sibling("evaluate").causality_probe(Jittery(6e-4), tokens, V)             # noise on identical inputs too: no leak
     with pytest.raises(prep.EvalError, match="reads future tokens"):
-        prep.causality_probe(Jittery(6e-4, leak=0.05), tokens, V)  # a leak above the jitter is still caught
+        prep.sibling("evaluate").causality_probe(Jittery(6e-4, leak=0.05), tokens, V)  # a leak above the jitter is still caught
     with pytest.raises(prep.EvalError, match="make the model deterministic"):
-        prep.causality_probe(Jittery(0.05), tokens, V)             # noise that could hide a leak: refused
+        prep.sibling("evaluate").causality_probe(Jittery(0.05), tokens, V)             # noise that could hide a leak: refused
 
 
 @pytest.mark.slow
@@ -357,7 +357,7 @@ def test_probe_never_rejects_honest_trained_models(tmp_path):
             assert proc.returncode == 0, proc.stderr[-2000:]
             model = torch.export.load(str(out)).module()
             for _ in range(3 if full else 2):
-                prep.causality_probe(model, tokens, vocab)
+                prep.sibling("evaluate").causality_probe(model, tokens, vocab)
                 probed += 1
     assert probed == (3 * 9 if full else 2 * 3)
 
@@ -365,7 +365,7 @@ def test_probe_never_rejects_honest_trained_models(tmp_path):
 def test_nan_wrong_shape_stateful_and_missing_models_are_rejected(ws, prep, tmp_path):
     data = str(ws / ".loopwright" / "data")
     with pytest.raises(prep.EvalError, match="NaN"):
-        prep.evaluate_exported(str(export(prep, NaNs(), tmp_path / "nan.pt2")), data)
+        prep.sibling("evaluate").evaluate_exported(str(export(prep, NaNs(), tmp_path / "nan.pt2")), data)
     # export_model refuses a wrong logits shape up front ...
     with pytest.raises(ValueError, match="shape"):
         prep.export_model(nn.Embedding(V, 10), str(tmp_path / "bad.pt2"))
@@ -376,9 +376,9 @@ def test_nan_wrong_shape_stateful_and_missing_models_are_rejected(ws, prep, tmp_
     assert code == 1 and res["ok"] is False and "shape" in res["reason"]
     torch.export.save(torch.export.export(Stateful(), (x,)), str(tmp_path / "state.pt2"))
     with pytest.raises(prep.EvalError, match="stateful"):
-        prep.evaluate_exported(str(tmp_path / "state.pt2"), data)
+        prep.sibling("evaluate").evaluate_exported(str(tmp_path / "state.pt2"), data)
     with pytest.raises(prep.EvalError, match="export_model"):
-        prep.evaluate_exported(str(tmp_path / "missing.pt2"), data)
+        prep.sibling("evaluate").evaluate_exported(str(tmp_path / "missing.pt2"), data)
 
 
 @pytest.mark.parametrize("where", ["sample_inputs", "weight"])
@@ -390,7 +390,7 @@ def test_pickle_payloads_in_the_archive_never_run(ws, prep, tmp_path, where):
     booby_trap_pt2(good, tmp_path / "trap.pt2", marker, where)
     if where == "weight":  # the in-process path is enough for the second variant
         with pytest.raises(prep.EvalError, match="pickled Python objects"):
-            prep.evaluate_exported(str(tmp_path / "trap.pt2"))
+            prep.sibling("evaluate").evaluate_exported(str(tmp_path / "trap.pt2"))
     else:
         code, res, _ = evaluate(ws, tmp_path / "trap.pt2")
         assert code == 1 and res["ok"] is False and "pickled Python objects" in res["reason"]
@@ -402,13 +402,13 @@ def test_graph_audit_refuses_file_reading_ops(prep):
     (e.g. to read val.bin at evaluation time)."""
     x = torch.zeros(prep.B_EVAL, prep.SEQ_LEN, dtype=torch.long)
     ep = torch.export.export(Zeros(), (x,))
-    prep._audit_graph(ep)  # a plain graph passes
+    prep.sibling("pt2audit")._audit_graph(ep)  # a plain graph passes
     graph = ep.graph_module.graph
     out = next(n for n in graph.nodes if n.op == "output")
     with graph.inserting_before(out):
         graph.call_function(torch.ops.aten.from_file.default, ("val.bin",))
     with pytest.raises(prep.EvalError, match="reads files"):
-        prep._audit_graph(ep)
+        prep.sibling("pt2audit")._audit_graph(ep)
 
 
 # --------------------------------------------------------------------------- pinned data
@@ -430,7 +430,7 @@ def test_changed_data_is_refused(ws, tmp_path):
     assert code == 1 and "val.bin" in res["reason"]
     (d / ".loopwright" / "data" / "meta.json").unlink()
     with pytest.raises(prep.DataError, match="run `python prepare.py prepare`"):
-        prep.evaluate_exported(str(model))
+        prep.sibling("evaluate").evaluate_exported(str(model))
 
 
 def test_scoring_ignores_edited_meta_fields(hand_ws, tmp_path):
@@ -444,12 +444,12 @@ def test_scoring_ignores_edited_meta_fields(hand_ws, tmp_path):
     meta = json.loads(meta_path.read_text())
     meta["separator"] = ord("a")  # would drop every 'a' from the sums
     meta_path.write_text(json.dumps(meta))
-    res = prep.evaluate_exported(model)
+    res = prep.sibling("evaluate").evaluate_exported(model)
     assert res["val_bytes"] == 37 and res["val_bpb"] == pytest.approx(1.0, abs=1e-6)
     del meta["files"]["val.bin"]  # would skip the hash check of val.bin
     meta_path.write_text(json.dumps(meta))
     with pytest.raises(prep.DataError, match="no hash for val.bin"):
-        prep.evaluate_exported(model)
+        prep.sibling("evaluate").evaluate_exported(model)
     meta["tokenizer"] = "bpe"
     meta_path.write_text(json.dumps(meta))
     with pytest.raises(prep.DataError, match="frozen config"):
@@ -471,7 +471,8 @@ def test_evaluator_never_imports_train_py(ws, tmp_path):
         code, res, proc = evaluate(d, model, isolated=isolated, cwd=other)
         assert code == 0 and res["ok"], proc.stdout + proc.stderr
         assert not marker.exists(), marker.read_text()
-    assert "import train" not in (BENCH / "prepare.py").read_text()
+    for name in FROZEN_PY:
+        assert "import train" not in (BENCH / name).read_text()
 
 
 # --------------------------------------------------------------------------- corpus, split, tokens
@@ -737,7 +738,7 @@ def test_constants_come_from_the_toml_next_to_prepare(ws, prep, monkeypatch):
     monkeypatch.setenv("TIME_BUDGET", "999")
     monkeypatch.setenv("LOOPWRIGHT_TIME_BUDGET", "999")
     assert load_prepare(ws).TIME_BUDGET == 10.0
-    src = (BENCH / "prepare.py").read_text()
+    src = "".join((BENCH / name).read_text() for name in FROZEN_PY)   # the siblings read none at all
     uses = [line.strip() for line in src.splitlines() if "os.environ" in line]
     assert len(uses) == 2, uses  # reads only the export path; sets only the OpenMP wait policy
     assert any('os.environ.get("LOOPWRIGHT_EXPORT_PATH")' in u for u in uses)

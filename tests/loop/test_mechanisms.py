@@ -15,7 +15,7 @@ from mcp_server.mechanisms.plateau import Plateau
 from mcp_server.mechanisms.source import DENY_RE, all_constants, category_of, constant_values, skeleton, tunable_constants
 from mcp_server.mechanisms.tabu import Tabu
 
-from conftest import BENCH, make_workspace, record_baseline, set_constant
+from conftest import BENCH, FROZEN_PY, make_workspace, record_baseline, set_constant
 
 # The bundled train.py with the constants these tests were written against, so retuning the
 # benchmark's defaults does not change what the synthetic ledgers mean.
@@ -260,7 +260,7 @@ def _bench(tmp_path: Path) -> Path:
 
     d = tmp_path / "bench"
     d.mkdir()
-    for name in ("prepare.py", "program.md"):
+    for name in (*FROZEN_PY, "program.md"):
         shutil.copyfile(BENCH / name, d / name)
     (d / "train.py").write_text(TRAIN)
     return d
