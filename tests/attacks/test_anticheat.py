@@ -70,6 +70,39 @@ def test_printed_score_is_ignored(ws):
     assert res.status == "ok" and res.val_bpb == pytest.approx(8.0, abs=1e-6)
 
 
+def _monolithic_prepare() -> bytes:
+    """bench/gpt/prepare.py as it was before evaluate.py and pt2audit.py were split out of it (git history)."""
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[2]
+    log = subprocess.run(["git", "-C", str(repo), "log", "--diff-filter=A", "--format=%H", "--",
+                          "bench/gpt/pt2audit.py"], capture_output=True, text=True)
+    split = log.stdout.split()[-1] if log.returncode == 0 and log.stdout.split() else None
+    if split is None:
+        pytest.skip("no git history of bench/gpt here")
+    old = subprocess.run(["git", "-C", str(repo), "show", f"{split}^:bench/gpt/prepare.py"], capture_output=True)
+    assert old.returncode == 0 and b"def sibling(" not in old.stdout and b"def checked_archive(" in old.stdout
+    return old.stdout
+
+
+def test_a_workspace_pinned_before_the_split_still_evaluates(tmp_path, small_corpus):
+    """A workspace made with the one-file prepare.py has no evaluate.py or pt2audit.py: it opens, and its
+    pinned prepare.py alone scores (and still refuses) models as before."""
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    (bench / "prepare.py").write_bytes(_monolithic_prepare())
+    for name in ("train.py", "program.md"):
+        (bench / name).write_bytes((Path(__file__).resolve().parents[2] / "bench" / "gpt" / name).read_bytes())
+    ws = make_workspace(tmp_path / "ws", small_corpus, bench_dir=bench)
+    assert not (ws.root / "evaluate.py").exists() and "evaluate.py" not in json.loads(
+        (ws.root / "loopwright.lock").read_text())
+    eng = _engine_with_baseline(ws)
+    res = _run(eng, "")
+    assert res.status == "ok" and res.val_bpb == pytest.approx(8.0, abs=1e-6)
+    res = _run(eng, "", model="PeekNext()")
+    assert res.status == "rejected" and "caus" in res.reason.lower()
+
+
 def test_model_reading_the_future_is_rejected(ws):
     eng = _engine_with_baseline(ws)
     res = _run(eng, "", model="PeekNext()")

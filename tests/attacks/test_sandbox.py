@@ -817,6 +817,27 @@ def test_the_bootstrap_runs_only_the_pinned_bytes(tmp_path):
     assert "not the pinned prepare.py" in bad.stderr
 
 
+def test_the_bootstrap_runs_only_the_pinned_siblings(tmp_path):
+    """The same for prepare.py's siblings: checked before anything runs, and handed over as the bytes that
+    were checked (prepare.sibling loads those, never the file on disk again)."""
+    model = tmp_path / "model.pt2"
+    model.write_bytes(b"weights")
+    main = b"print(sorted(_PINNED_SOURCES), _PINNED_SOURCES['evaluate'].decode().strip())\n"
+    sib = b"SCORE = 'pinned'\n"
+    d = sandbox.make_eval_dir({"prepare.py": main, "evaluate.py": sib}, model, tmp_path / "state" / "eval")
+    try:
+        code = sandbox.eval_bootstrap(d.prepare, [], [], hashlib.sha256(main).hexdigest(),
+                                      {str(d.path / "evaluate.py"): hashlib.sha256(sib).hexdigest()})
+        ok = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, timeout=60)
+        assert ok.returncode == 0 and ok.stdout == "['evaluate'] SCORE = 'pinned'\n", ok.stderr
+        (d.path / "evaluate.py").write_bytes(b"SCORE = 'swapped'\n")
+        bad = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, timeout=60)
+    finally:
+        d.cleanup()
+    assert bad.returncode == sandbox.EVALUATOR_CHANGED_EXIT and bad.stdout == ""
+    assert "not the pinned evaluate.py" in bad.stderr
+
+
 WATCHER = r"""
 import os, sys
 # a fake evaluator: whatever nonce it is given, it prints a verdict with a wonderful score

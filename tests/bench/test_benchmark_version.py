@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from mcp_server.loop.workspace import WorkspaceError
+
 from conftest import BENCH, make_workspace, record_baseline, set_constant
 
 # v1's reference baseline: its hyperparameter values, and the digest of its code with comments removed
@@ -139,6 +141,10 @@ def test_a_workspace_from_an_unversioned_folder_says_so(tmp_path, small_corpus):
     bench = tmp_path / "bench"
     bench.mkdir()
     for name in ("prepare.py", "train.py", "program.md"):
+        shutil.copyfile(BENCH / name, bench / name)
+    with pytest.raises(WorkspaceError, match="lacks evaluate.py, pt2audit.py"):   # prepare.py loads them
+        make_workspace(tmp_path / "ws", small_corpus, bench_dir=bench)
+    for name in ("evaluate.py", "pt2audit.py"):
         shutil.copyfile(BENCH / name, bench / name)
     ws = make_workspace(tmp_path / "ws", small_corpus, bench_dir=bench)
     assert json.loads((ws.root / "loopwright.lock").read_text())["benchmark_version"] is None

@@ -95,6 +95,18 @@ async def test_frozen_file_edit_is_refused_restored_and_recorded(ws):
     assert eng.ledger.count_experiments(1) == 0
 
 
+async def test_an_edit_to_a_sibling_of_prepare_is_a_tamper_too(ws):
+    """evaluate.py and pt2audit.py are pinned and hashed like prepare.py: disarming the archive audit is refused."""
+    audit = ws.root / "pt2audit.py"
+    original = audit.read_bytes()
+    audit.write_bytes(original + b"\ndef checked_archive(model_path):\n    return open(model_path, 'rb')\n")
+    async with Client(build_server(ws.root)) as client:
+        msg = await _err(client, "run_experiment", {"description": "sneaky"})
+    assert "integrity check failed" in msg and "pt2audit.py" in msg
+    assert audit.read_bytes() == original
+    assert Engine(ws.root).ledger.events(kind="tamper")[0]["payload"]["files"] == ["pt2audit.py"]
+
+
 async def test_frozen_config_change_is_tamper_but_budget_change_is_not(ws):
     toml = ws.root / "loopwright.toml"
     original = toml.read_text()
