@@ -194,10 +194,11 @@ class Approvals:
         return None if hours is None else now + hours * 3600
 
     def hold_keep(self, c: dict, exp: dict, v, samples: list[float], best_mean: float, sig: float,
-                  approved_by_person: Optional[Approved] = None):
-        """Called by Engine.score() for a keep verdict. Under approve-keeps/-runs: the change waits as a
-        pending approval and (verdict, next_step) for the agent come back; otherwise None (keep as usual:
-        also for a person's re-measure, approved_by_person, whose bytes score() has checked)."""
+                  approved_by_person: Optional[Approved] = None, reset_tree: bool = True):
+        """Called for a keep verdict (loop/outcome.py keep, from both loops). Under approve-keeps/-runs: the
+        change waits as a pending approval and (verdict, next_step) for the agent come back; otherwise None
+        (keep as usual: also for a person's re-measure, approved_by_person, whose bytes score() has checked).
+        reset_tree=False (the asynchronous loop): the working tree holds the agent's next edit; it stays."""
         if self.mode == "closed" or approved_by_person is not None:
             return None
         ws, led = self.ws, self.ledger
@@ -219,7 +220,8 @@ class Approvals:
         reason = f"{v.reason}; kept by the verifier, waits for a person (approval #{aid})"
         for r in [exp] + led.confirm_runs(exp["id"]):
             led.update_experiment(r["id"], verdict="pending_approval", verdict_reason=reason)
-        gitops.reset_to(ws.root, c["best_commit"])
+        if reset_tree:
+            gitops.reset_to(ws.root, c["best_commit"])
         led.add_event(c["id"], "approval_requested", {**payload, "approval_id": aid, "kind": "keep",
                                                       "branch": row["branch"], "expires_at": row["expires_at"]},
                       sinks_for(ws.cfg))

@@ -37,11 +37,10 @@ from mcp_server.common.locks import FileLock, HeldLock
 from mcp_server.executors.base import OUTCOME_NAME, Executor, ExecutorError, RunOutcome, RunSpec
 from mcp_server.executors.factory import make_executor
 from mcp_server.executors.workcopy import sha256_of
-from mcp_server.loop import gitops, integrity, sandbox, targets, verdict
+from mcp_server.loop import gitops, integrity, outcome, sandbox, targets, verdict
 from mcp_server.loop import text as textmod
 from mcp_server.loop.errors import LoopError
 from mcp_server.loop.models import AsyncResult, Change, SubmitResult, WaitResult
-from mcp_server.loop.workspace import sinks_for
 
 if TYPE_CHECKING:
     from mcp_server.loop.engine import Engine
@@ -317,7 +316,7 @@ def submit(eng: "Engine", description: str, hypothesis: Optional[str] = None, se
         status = eng.budget(c)
         if status.should_stop:
             raise LoopError(f"the campaign budget is spent ({'; '.join(status.reasons)}); stop here.")
-        eng._integrity(c, "before the submission")
+        eng.check_integrity(c, "before the submission")
         drv = driver_for(eng)            # the executor first: an unreachable cluster records nothing
         assert drv is not None
         settle(eng, drv)
@@ -329,7 +328,7 @@ def submit(eng: "Engine", description: str, hypothesis: Optional[str] = None, se
         identical = src == eng.committed_source(c["best_commit"])
         if no_baseline and identical:
             return _submit_baseline(eng, drv, c, session_id)
-        src = eng._refuse_non_change(c)
+        src = eng.refuse_non_change(c)
         if change is not None:
             eng.check_change(c, change)
         sha = eng.text_sha(src)
@@ -440,24 +439,17 @@ def record(eng: "Engine", drv: Optional[Driver], out: RunOutcome, interrupted: b
                     eng.ledger.set_submission(sub["id"], current_id=new_id)
             _queue_row(eng, drv, c, new_id, attempt + 1)
         return
-    ok = out.status == "ok"
-    metrics = {**{k: v for k, v in out.summary.items() if isinstance(v, (int, float))},
-               "train_wall_s": out.train_wall_s, "eval_wall_s": out.eval_wall_s,
-               "sandboxed": 0 if out.sandbox == "none" else 1, "worker": out.worker}
-    mb = out.summary.get("peak_vram_mb") or out.summary.get("peak_memory_mb")
-    eng.ledger.update_experiment(
-        row["id"], status=out.status if out.status in ("ok", "crash", "timeout", "rejected") else "crash",
-        reason=out.reason or None, finished_at=time.time(), started_at=started, metrics_json=json.dumps(metrics),
-        val_bpb=out.val_bpb if ok else None, test_bpb=out.test_bpb if ok else None, eval_seconds=out.eval_seconds,
-        training_seconds=out.summary.get("training_seconds"), total_seconds=round(out.train_wall_s + out.eval_wall_s, 3),
-        memory_gb=None if mb is None else round(mb / 1024.0, 3),
-        num_steps=None if out.summary.get("num_steps") is None else int(out.summary["num_steps"]),
-        num_params_m=out.summary.get("num_params_M"), log_tail=out.log_tail[-4000:],
-        verdict="baseline" if row["is_baseline"] and ok else None)
+    status = out.status if out.status in ("ok", "crash", "timeout", "rejected") else "crash"
+    outcome.write_run(eng, row["id"], status=status, reason=out.reason, is_baseline=bool(row["is_baseline"]),
+                      summary=out.summary, extra_metrics={"train_wall_s": out.train_wall_s,
+                                                          "eval_wall_s": out.eval_wall_s,
+                                                          "sandboxed": 0 if out.sandbox == "none" else 1,
+                                                          "worker": out.worker},
+                      val_bpb=out.val_bpb, test_bpb=out.test_bpb, eval_seconds=out.eval_seconds,
+                      total_seconds=round(out.train_wall_s + out.eval_wall_s, 3), log_tail=out.log_tail,
+                      started_at=started)
     if out.sandbox == "none":
-        eng.ledger.add_event(c["id"], "unsafe_no_sandbox", {"experiment_id": row["id"], "detail": (
-            "train.py and the evaluator ran without an OS sandbox (--unsafe-no-sandbox); this result is not "
-            "protected against forgery")})
+        outcome.note_unsandboxed(eng, c, row["id"])
 
 
 def _own_runs(eng: "Engine", cand: dict) -> list[dict]:
@@ -468,8 +460,7 @@ def _close(eng: "Engine", c: dict, sub: dict, rows: list[dict], kind: str, reaso
     for r in rows:
         eng.ledger.update_experiment(r["id"], verdict=kind, verdict_reason=reason)
     eng.ledger.set_submission(sub["id"], decided=True)
-    eng._maybe_plateau(c)
-    eng._record_if_budget_spent(c)
+    outcome.after_verdict(eng, c)
 
 
 def _decide(eng: "Engine", drv: Optional[Driver], c: dict, sub: dict) -> None:
@@ -490,8 +481,7 @@ def _decide(eng: "Engine", drv: Optional[Driver], c: dict, sub: dict) -> None:
         f = failed[0]
         reason = f"run #{f['id']} (seed {f['seed']}) {f['status']}: {f['reason']}"
         _close(eng, c, sub, own, "discard", reason)
-        eng.ledger.add_event(c["id"], "crash", {"experiment_id": f["id"], "status": f["status"], "reason": f["reason"],
-                                                "description": cand["description"]}, sinks_for(eng.ws.cfg))
+        outcome.record_crash(eng, c, f, cand["description"])
         return
     bad_ref = [r for r in refs if r is not None and r["status"] != "ok"]
     if bad_ref:
@@ -502,14 +492,9 @@ def _decide(eng: "Engine", drv: Optional[Driver], c: dict, sub: dict) -> None:
     if cand["parent_commit"] != c["best_commit"]:
         _rebase(eng, drv, c, sub, cand, own)
         return
-    samples = [r["val_bpb"] for r in own if r["status"] == "ok" and r["val_bpb"] is not None]
-    best_mean, _ = eng.best(c)
-    assert best_mean is not None
-    pairs = eng._pairs(cand["id"])
-    sig, _ = eng.sigma_paired(c)
+    j = outcome.judge(eng, c, cand)   # the verdict, as score() computes it
+    v = j.verdict
     noise = eng.ws.cfg.noise
-    n_confirms = sum(r["role"] == "confirm" and r["status"] == "ok" for r in own)
-    v = verdict.decide([p.d for p in pairs], sig, noise, n_planned=noise.baseline_seeds, n_confirms=n_confirms)
     nxt = _next_set_pair(eng, c, cand, own) if v.kind == "retest" and noise.pairs == "adaptive" else None
     room = _room(eng, c)
     if nxt is not None and drv is not None and (room is None or room >= 1):
@@ -528,7 +513,7 @@ def _decide(eng: "Engine", drv: Optional[Driver], c: dict, sub: dict) -> None:
         if drv is not None and (room is None or room >= 2):
             for r in own:
                 eng.ledger.update_experiment(r["id"], verdict="retest", verdict_reason=v.reason)
-            seed = eng._fresh_seeds(c, 1)[0]
+            seed = eng.fresh_seeds(c, 1)[0]
             ref = _start_reference(eng, c, seed, None, f"confirm of #{cand['id']}", cand["session_id"])
             conf = eng.ledger.start_experiment(
                 c["id"], f"confirm #{cand['id']}", hypothesis=cand["hypothesis"], commit_sha=cand["commit_sha"],
@@ -543,8 +528,12 @@ def _decide(eng: "Engine", drv: Optional[Driver], c: dict, sub: dict) -> None:
     for r in own:
         eng.ledger.update_experiment(r["id"], verdict=v.kind, verdict_reason=v.reason)
     if v.kind == "keep":
-        eng._record_keep(c, cand, v, samples, best_mean, sig)
-        _advance_branch(eng, c, cand["commit_sha"])
+        # autonomy approve-keeps: held for a person (the working tree is the agent's: left as it is)
+        held = outcome.keep(eng, c, cand, j, reset_tree=False)
+        if held is not None:
+            v = held[0]
+        else:
+            _advance_branch(eng, c, cand["commit_sha"])
     _close(eng, c, sub, [], v.kind, v.reason)
 
 
@@ -622,7 +611,7 @@ def result_of(eng: "Engine", sub: dict) -> AsyncResult:
     assert cur is not None
     notes = json.loads(eng.ledger.kv_get(f"submission:{sub['id']}") or "{}")
     rows = [r for r in [cur] + eng.ledger.confirm_runs(cur["id"]) if r["status"] != "lost"]
-    pairs = [] if cur["is_baseline"] else eng._pairs(cur["id"])
+    pairs = [] if cur["is_baseline"] else outcome.pairs(eng, cur["id"])
     ok = [r["val_bpb"] for r in rows if r["status"] == "ok" and r["val_bpb"] is not None]
     return AsyncResult(
         experiment_id=sub["id"], current_id=cur["id"], state="decided" if sub["decided_at"] else "running",
