@@ -22,7 +22,10 @@ Rules:
   the others are marked interrupted and re-queued once. Only a driver (submit / wait / the server) does
   this, at its first settle: opening the workspace (read-only commands, `loopwright status`) leaves them
   in flight.
-- Autonomy other than `closed` is refused (a person's approval holds a synchronous cycle).
+- Autonomy approve-keeps works as on the synchronous path (loop/outcome.py keep): a keep verdict is held
+  for a person (the best does not move, the working tree stays the agent's); an approved keep is applied
+  at the next submission (or by `loopwright approve --apply`). approve-runs is refused: a person sees each
+  change before it runs, which a queue of submissions cannot wait for.
 """
 from __future__ import annotations
 
@@ -39,6 +42,7 @@ from mcp_server.executors.factory import make_executor
 from mcp_server.executors.workcopy import sha256_of
 from mcp_server.loop import gitops, integrity, outcome, sandbox, targets, verdict
 from mcp_server.loop import text as textmod
+from mcp_server.loop.approvals import Approvals
 from mcp_server.loop.errors import LoopError
 from mcp_server.loop.models import AsyncResult, Change, SubmitResult, WaitResult
 
@@ -308,9 +312,9 @@ def submit(eng: "Engine", description: str, hypothesis: Optional[str] = None, se
     if not description:
         raise LoopError("description is required: say in a few words what this experiment changes")
     hypothesis = textmod.clean(hypothesis, textmod.MAX_DESCRIPTION) if hypothesis else None
-    if eng.ws.cfg.campaign.autonomy != "closed":
-        raise LoopError(f"asynchronous experiments need autonomy = closed (it is {eng.ws.cfg.campaign.autonomy!r}: a "
-                        "person approves each cycle); use run_experiment and score instead")
+    if eng.ws.cfg.campaign.autonomy == "approve-runs":
+        raise LoopError("asynchronous experiments cannot run under autonomy = approve-runs (a person sees each "
+                        "change before it runs); use run_experiment and score instead")
     with eng.exclusive():
         c = eng.campaign
         status = eng.budget(c)
@@ -320,7 +324,9 @@ def submit(eng: "Engine", description: str, hypothesis: Optional[str] = None, se
         drv = driver_for(eng)            # the executor first: an unreachable cluster records nothing
         assert drv is not None
         settle(eng, drv)
-        c = eng.campaign
+        # approve-keeps: an approved keep on the best is applied first, as run_experiment does (what is in
+        # flight on the old best is rebased at its verdict)
+        c = Approvals(eng).apply_ready(eng.campaign)
         files = {rel: (eng.ws.root / rel).read_bytes() for rel in eng.ws.cfg.paths.editable
                  if (eng.ws.root / rel).is_file()}
         no_baseline = not eng.ledger.baseline_samples(c["id"]) and c["best_experiment_id"] is None
