@@ -463,15 +463,14 @@ CLIENT_NEEDS = {"ANTHROPIC_API_KEY": "sk-ant-client-own-key", "ANTHROPIC_BASE_UR
 
 
 def test_agent_environment_is_an_allow_list():
-    from types import SimpleNamespace
-
     from mcp_server.agents.agent_env import agent_environment
+    from mcp_server.loop.config import JiraConfig, LoopwrightConfig
 
     base = {"PATH": "/usr/bin", "HOME": "/home/u", **CONNECTOR_SECRETS, **CLIENT_NEEDS,
             "OPENAI_API_KEY": "sk-openai", "MY_JIRA_PAT": "renamed-connector-token", "RANDOM_VAR": "x",
             "LOOPWRIGHT_CLIENT_ENV": "RANDOM_VAR,MY_JIRA_PAT,SLACK_BOT_TOKEN"}
-    cfg = SimpleNamespace(jira=SimpleNamespace(token_env="MY_JIRA_PAT", email_env="JIRA_EMAIL"), slack=None,
-                          webhook=None)
+    cfg = LoopwrightConfig(jira=JiraConfig(server="https://jira.invalid", project="LW", token_env="MY_JIRA_PAT",
+                                           email_env="JIRA_EMAIL"))
     claude = agent_environment("claude", base, cfg)
     assert not set(claude) & (set(CONNECTOR_SECRETS) | {"MY_JIRA_PAT", "OPENAI_API_KEY"}), claude
     assert {k: claude[k] for k in CLIENT_NEEDS} == CLIENT_NEEDS and claude["PATH"] == "/usr/bin"
