@@ -18,21 +18,43 @@ import dataclasses
 import json
 import statistics
 import time
-from typing import TYPE_CHECKING, Any, Mapping, Optional
+from typing import Any, ContextManager, Mapping, Optional, Protocol
 
+from mcp_server.ledger.store import Ledger
 from mcp_server.loop import approvals, verdict
-from mcp_server.loop.models import PairInfo
-from mcp_server.loop.workspace import sinks_for
-
-if TYPE_CHECKING:
-    from mcp_server.loop.engine import Engine
+from mcp_server.loop.models import BudgetResult, Change, PairInfo
+from mcp_server.loop.workspace import Workspace, sinks_for
 
 PLATEAU_EVERY = 10
 
 
+class LoopEngine(Protocol):
+    """What the shared steps (and loop/asyncrun.py) need of loop/engine.py's Engine: typed by this protocol,
+    so neither imports engine.py and engine.py imports them without a cycle."""
+    ws: Workspace
+    ledger: Ledger
+
+    @property
+    def campaign(self) -> dict: ...
+    def best(self, c: Optional[dict] = None) -> tuple[Optional[float], int]: ...
+    def sigma(self, c: dict) -> float: ...
+    def sigma_paired(self, c: dict) -> tuple[float, int]: ...
+    def seed_set(self, c: dict, rotate: bool = False) -> tuple[int, list[int]]: ...
+    def fresh_seeds(self, c: dict, k: int) -> list[int]: ...
+    def reference_runs(self, c: dict) -> dict[int, dict]: ...
+    def exclusive(self) -> ContextManager[None]: ...
+    def budget(self, c: Optional[dict] = None) -> BudgetResult: ...
+    def check_integrity(self, c: dict, when: str) -> None: ...
+    def refuse_non_change(self, c: dict, bound: Optional[approvals.Approved] = None) -> str: ...
+    def check_change(self, c: dict, change: Change, commit: Optional[str] = None) -> None: ...
+    def editable_source(self) -> str: ...
+    def committed_source(self, commit: str, verified: bool = False) -> str: ...
+    def text_sha(self, text: str) -> str: ...
+
+
 # -- recording a run's outcome --------------------------------------------------------------------------
 
-def write_run(eng: "Engine", row_id: int, *, status: str, reason: Optional[str], is_baseline: bool,
+def write_run(eng: LoopEngine, row_id: int, *, status: str, reason: Optional[str], is_baseline: bool,
               summary: Mapping[str, Any], extra_metrics: Mapping[str, Any], val_bpb: Optional[float],
               test_bpb: Optional[float], eval_seconds: Optional[float], total_seconds: float, log_tail: str,
               started_at: Optional[float] = None) -> None:
@@ -54,14 +76,14 @@ def write_run(eng: "Engine", row_id: int, *, status: str, reason: Optional[str],
     eng.ledger.update_experiment(row_id, **fields)
 
 
-def note_unsandboxed(eng: "Engine", c: dict, row_id: int) -> None:
+def note_unsandboxed(eng: LoopEngine, c: dict, row_id: int) -> None:
     """Only with the human's --unsafe-no-sandbox: on the record, every time."""
     eng.ledger.add_event(c["id"], "unsafe_no_sandbox", {"experiment_id": row_id, "detail": (
         "train.py and the evaluator ran without an OS sandbox (--unsafe-no-sandbox); this result is not "
         "protected against forgery")})
 
 
-def record_crash(eng: "Engine", c: dict, row: dict, description: Optional[str] = None) -> None:
+def record_crash(eng: LoopEngine, c: dict, row: dict, description: Optional[str] = None) -> None:
     """A failed run (crash, timeout, rejected, lost for good): the crash event, and one crash_streak alert
     per streak, when it reaches the threshold, with the streak's real length."""
     sinks = sinks_for(eng.ws.cfg)
@@ -82,7 +104,7 @@ def record_crash(eng: "Engine", c: dict, row: dict, description: Optional[str] =
 
 # -- deciding a verdict ---------------------------------------------------------------------------------
 
-def pairs(eng: "Engine", exp_id: int) -> list[PairInfo]:
+def pairs(eng: LoopEngine, exp_id: int) -> list[PairInfo]:
     """The candidate's paired differences: each ok run of it (and of its pairs and confirms) against the
     ok run of the best it was paired with."""
     out = []
@@ -114,7 +136,7 @@ class Judgement:
     sigma: float                # SD of a paired difference (pooled)
 
 
-def judge(eng: "Engine", c: dict, exp: dict) -> Judgement:
+def judge(eng: LoopEngine, c: dict, exp: dict) -> Judgement:
     """The verdict of candidate `exp` against the best now (the caller checked that all its runs are in and
     that there is a best)."""
     runs = eng.ledger.confirm_runs(exp["id"])
@@ -130,7 +152,7 @@ def judge(eng: "Engine", c: dict, exp: dict) -> Judgement:
     return Judgement(v, diffs, ps, samples, best_mean, sig)
 
 
-def keep(eng: "Engine", c: dict, exp: dict, j: Judgement, approved_by_person: Optional[approvals.Approved] = None,
+def keep(eng: LoopEngine, c: dict, exp: dict, j: Judgement, approved_by_person: Optional[approvals.Approved] = None,
          reset_tree: bool = True) -> Optional[tuple[verdict.Verdict, str]]:
     """A keep verdict. Under autonomy approve-keeps/-runs (and not a person's own re-measure) it is held for
     a person: (the pending_approval verdict, the agent's next step) come back and the best does not move.
@@ -144,7 +166,7 @@ def keep(eng: "Engine", c: dict, exp: dict, j: Judgement, approved_by_person: Op
     return None
 
 
-def record_keep(eng: "Engine", c: dict, exp: dict, v: verdict.Verdict, samples: list[float], previous: float,
+def record_keep(eng: LoopEngine, c: dict, exp: dict, v: verdict.Verdict, samples: list[float], previous: float,
                 sig: float) -> None:
     """A keep: the best moves to the experiment (the branch is moved by the caller), the keep event."""
     eng.ledger.set_best(c["id"], exp["commit_sha"], exp["id"])
@@ -164,7 +186,7 @@ def record_keep(eng: "Engine", c: dict, exp: dict, v: verdict.Verdict, samples: 
         "test_divergence": _test_divergence(eng, c, samples, test), **metric}, sinks_for(eng.ws.cfg))
 
 
-def _test_divergence(eng: "Engine", c: dict, samples: list[float], test: list[float]) -> bool:
+def _test_divergence(eng: LoopEngine, c: dict, samples: list[float], test: list[float]) -> bool:
     """Flag a keep whose hidden-test gain is much smaller than its validation gain."""
     base_rows = eng.ledger.baseline_runs_with_test(c["id"])
     if not test or not base_rows:
@@ -174,20 +196,20 @@ def _test_divergence(eng: "Engine", c: dict, samples: list[float], test: list[fl
     return val_gain > 0 and test_gain < 0.5 * val_gain - 2 * eng.sigma(c)
 
 
-def after_verdict(eng: "Engine", c: dict) -> None:
+def after_verdict(eng: LoopEngine, c: dict) -> None:
     """After any verdict: the plateau event every PLATEAU_EVERY experiments without a keep, and the
     budget-spent (campaign end) events the first time the budget is spent."""
     maybe_plateau(eng, c)
     record_if_budget_spent(eng, c)
 
 
-def maybe_plateau(eng: "Engine", c: dict) -> None:
+def maybe_plateau(eng: LoopEngine, c: dict) -> None:
     since = eng.ledger.count_since_best(c["id"])
     if since and since % PLATEAU_EVERY == 0:
         eng.ledger.add_event(c["id"], "plateau", {"experiments_since_keep": since}, sinks_for(eng.ws.cfg))
 
 
-def record_if_budget_spent(eng: "Engine", c: dict) -> None:
+def record_if_budget_spent(eng: LoopEngine, c: dict) -> None:
     """After a write (a run recorded, a verdict given): the first time the budget is spent, record the
     budget_spent event, once. Engine.budget() itself only reads."""
     b = eng.budget(c)

@@ -207,10 +207,9 @@ def test_the_import_graph_sees_imports_behind_type_checking():
     assert module_imports(tree, "pkg.d", False, modules, type_checking=False) == {"pkg.a", "pkg.c"}
 
 
-# The one cycle allowed, and only through an import behind TYPE_CHECKING (the run-time graph has none):
-# loop/asyncrun.py imports Engine for its annotations while engine.py imports asyncrun. Issue 25 item 1, h3:
-# merging the two loops takes it away; then delete this entry (the test below says so).
-CYCLE_EXEMPT = [["mcp_server.loop.asyncrun", "mcp_server.loop.engine"]]
+# Cycles allowed through an import behind TYPE_CHECKING (the run-time graph has none): none now. Issue 25
+# item 1 took engine<->asyncrun away: asyncrun and outcome type the engine by outcome.py's LoopEngine protocol.
+CYCLE_EXEMPT: list[list[str]] = []
 
 
 def _describe(graph, found) -> str:
