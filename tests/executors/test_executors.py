@@ -15,6 +15,7 @@ from mcp_server.loop import gitops
 from mcp_server.loop import settings as setmod
 from mcp_server.loop.config import ExecutorConfig
 from mcp_server.loop.engine import Engine, LoopError
+from mcp_server.loop.workspace import pinned_evaluator
 
 from conftest import hobbled_bench, make_workspace, set_constant
 
@@ -182,7 +183,7 @@ def test_a_cancelled_local_run_kills_its_sandbox_and_leaves_no_outcome(tmp_path,
 
     ws = make_workspace(tmp_path / "ws", small_corpus, bench_dir=hobbled_bench(tmp_path / "bench", tiny=True))
     eng = Engine(ws.root)
-    evaluator = {n: (ws.root / n).read_bytes() for n in ("prepare.py", "loopwright.toml")}
+    evaluator = pinned_evaluator(ws.root, eng.campaign["pinned_commit"])
     spec = RunSpec(run_id=7, seed=1001, evaluator=evaluator, data=asyncrun.data_manifest(eng, eng.campaign),
                    sources={"train.py": "import os, time\nopen(os.environ['LOOPWRIGHT_RUN_DIR'] + '/started', 'w').close()\n"
                                         "time.sleep(600)\n"})

@@ -35,6 +35,7 @@ from test_executors import check_consistent, configure  # noqa: E402
 from mcp_server.executors import workcopy  # noqa: E402
 from mcp_server.loop import asyncrun, gitops  # noqa: E402
 from mcp_server.loop.engine import Engine, LoopError  # noqa: E402
+from mcp_server.loop.workspace import pinned_evaluator  # noqa: E402
 
 from conftest import REPO, hobbled_bench, make_workspace, set_constant  # noqa: E402
 
@@ -316,7 +317,7 @@ def test_train_py_on_a_worker_reads_no_held_out_data_nor_other_working_copies(ws
         (worker / "data" / manifest[name]).write_bytes(data)
         (other / name).write_bytes(data)
     roots = [str(unmasked), str(unmasked / "tmp" / f"loopwright-{os.getuid()}")]
-    evaluator = {n: gitops.verified_blob_bytes(ws.root, c["pinned_commit"], n) for n in ("prepare.py", "loopwright.toml")}
+    evaluator = pinned_evaluator(ws.root, c["pinned_commit"])
     spec = RunSpec(run_id=990001, seed=1, sources={"train.py": ATTACK.replace("ROOTS", repr(roots))},
                    evaluator=evaluator, data=manifest, label="C1 attack")
     ex = RayExecutor(eng.ws.cfg.executor, eng.ws.data_dir, manifest)
