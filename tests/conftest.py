@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import sys
 import sysconfig
 import time
 from pathlib import Path
@@ -12,6 +13,14 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "bench" / "gpt"
+
+# Tests live in one folder per layer (tests/loop, tests/guard, ...); the helpers stay here. Put tests/ and every
+# layer folder on sys.path so `from conftest import ...`, `from fakes ...` and the few imports of a sibling test
+# module (`from test_approvals import held_keep`) work whatever order pytest collects the folders in.
+_TESTS = Path(__file__).resolve().parent
+for _d in [_TESTS, *sorted(p for p in _TESTS.iterdir() if p.is_dir() and any(p.glob("test_*.py")))]:
+    if str(_d) not in sys.path:
+        sys.path.insert(0, str(_d))
 
 # Fast settings for loop tests: a few seconds of training, a small evaluation.
 FAST = {"benchmark": {"time_budget": 25.0, "grace_seconds": 45.0, "eval_tokens": 8192},
@@ -22,7 +31,7 @@ FAST = {"benchmark": {"time_budget": 25.0, "grace_seconds": 45.0, "eval_tokens":
 
 
 # The start of a probe script run as the agent would run it: attempt(name, fn) records "ok" or the OSError's
-# name in `out` (tests/test_deployments.py, tests/test_workspace_configs.py).
+# name in `out` (tests/e2e/test_deployments.py, tests/guard/test_workspace_configs.py).
 PROBE_ATTEMPT = r'''
 out = {}
 def attempt(name, fn):

@@ -4,7 +4,7 @@ campaign does). No training: the pairs are drawn from a normal model of SD --sig
 
     python bench/perf/pairs.py                       # demo's sigma_d 0.043, seed sets of 2 and 3, ~10 s
     python bench/perf/pairs.py --sigma-d 0.02 --comparisons 5000
-    python bench/perf/pairs.py --tiny                # a smoke run (tests/test_bench_smoke.py)
+    python bench/perf/pairs.py --tiny                # a smoke run (tests/bench/test_bench_smoke.py)
 """
 from __future__ import annotations
 

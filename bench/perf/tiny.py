@@ -1,7 +1,7 @@
 """Shared pieces of every bench/perf script's --tiny mode: a smoke run that proves the script still
 works end to end (seconds, not minutes). Its figures measure nothing; never quote them.
 
-tests/test_bench_smoke.py runs each script with --tiny and fails when a script lacks the flag.
+tests/bench/test_bench_smoke.py runs each script with --tiny and fails when a script lacks the flag.
 """
 from __future__ import annotations
 

@@ -30,12 +30,15 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import TYPE_CHECKING, Mapping, Optional
 
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
+
+if TYPE_CHECKING:
+    from mcp_server.loop.config import LoopwrightConfig
 
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH|COOKIE", re.I)
 EXTRA_VAR = "LOOPWRIGHT_CLIENT_ENV"
@@ -61,15 +64,14 @@ _CONNECTOR_DEFAULTS = {"SLACK_BOT_TOKEN", "SLACK_WEBHOOK_URL", "SLACK_SIGNING_SE
                        "LOOPWRIGHT_WEBHOOK_SECRET"}
 
 
-def connector_names(cfg: Any = None) -> set[str]:
+def connector_names(cfg: Optional[LoopwrightConfig] = None) -> set[str]:
     """The variable names that hold connector tokens or webhook secrets: the defaults plus every
     `*_env` field of the [slack], [jira] and [webhook] settings."""
     names = set(_CONNECTOR_DEFAULTS)
-    for section in ("slack", "jira", "webhook"):
-        sec = getattr(cfg, section, None) if cfg is not None else None
+    for sec in ((cfg.slack, cfg.jira, cfg.webhook) if cfg is not None else ()):
         if sec is None:
             continue
-        for key, value in (sec.model_dump() if hasattr(sec, "model_dump") else vars(sec)).items():
+        for key, value in sec.model_dump().items():
             if key.endswith("_env") and isinstance(value, str) and value:
                 names.add(value)
     return names
@@ -100,7 +102,8 @@ def _client_names(agent: str, base: Mapping[str, str]) -> tuple[tuple[str, ...],
     return prefixes, knobs, names
 
 
-def agent_environment(agent: str, base: Optional[Mapping[str, str]] = None, cfg: Any = None) -> dict[str, str]:
+def agent_environment(agent: str, base: Optional[Mapping[str, str]] = None,
+                      cfg: Optional[LoopwrightConfig] = None) -> dict[str, str]:
     """The allow-listed environment for a session of `agent` (see the module docstring)."""
     base = os.environ if base is None else base
     client_prefixes, knobs, client_names = _client_names(agent, base)

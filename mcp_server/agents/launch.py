@@ -62,11 +62,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from mcp_server.agents.agent_env import SECRET_NAME
 from mcp_server.common.facts import MCP_SERVER, MCP_TOOLS
 from mcp_server.common.procs import kill_group
+
+if TYPE_CHECKING:
+    from mcp_server.loop.config import LoopwrightConfig
 
 AGENTS = ("claude", "codex", "builtin")
 CLAUDE_TOOLS = ("Read", "Edit", "Write", "Glob", "Grep", "Bash", "TodoWrite")
@@ -421,7 +424,7 @@ def _session_counts(ledger, campaign_id: int, since: float) -> tuple[int, int]:
 
 
 def client_env(session_id: int, root: Path, base: Optional[dict[str, str]] = None, agent: str = "claude",
-               cfg: Any = None) -> dict[str, str]:
+               cfg: Optional[LoopwrightConfig] = None) -> dict[str, str]:
     """The session's environment: the allow-list of agents/agent_env.py (no connector token or signing
     secret reaches the client, its shell, its MCP server or its hooks) plus the launcher's settings."""
     from mcp_server.agents.agent_env import agent_environment

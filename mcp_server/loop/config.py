@@ -44,7 +44,8 @@ class ConfigError(ValueError):
     """A loopwright.toml problem, phrased as what to fix."""
 
 
-class _Section(BaseModel):
+class Section(BaseModel):
+    """Base of every config section: an unknown key is an error, not silently ignored."""
     model_config = ConfigDict(extra="forbid")
 
 
@@ -59,7 +60,7 @@ def tag_problem(tag: str) -> Optional[str]:
     return None
 
 
-class CampaignConfig(_Section):
+class CampaignConfig(Section):
     tag: str = Field(default="main")
 
     @field_validator("tag")
@@ -89,7 +90,7 @@ NAMED_CORPORA = ("stdlib-hidden", "stdlib", "tinystories", "climbmix")
 DEFAULT_CORPUS = "stdlib-hidden"
 
 
-class BenchmarkConfig(_Section):
+class BenchmarkConfig(Section):
     time_budget: float = Field(default=30.0, gt=0, le=24 * 3600, description="training seconds per experiment")
     grace_seconds: float = Field(default=60.0, ge=0, description="startup/export/eval allowance before the hard kill")
     # The budget clock (read by prepare.py's TrainingBudget): wall seconds, the run's own CPU seconds, or a
@@ -123,7 +124,7 @@ class BenchmarkConfig(_Section):
 NOISE_KINDS = ("seeded", "repeat", "deterministic")
 
 
-class TargetConfig(_Section):
+class TargetConfig(Section):
     """A user's own target (docs/targets.md): the commands that build, gate and score a candidate. Frozen: the
     evaluator's command is as much a part of the score as its file. A leading `python` is the interpreter
     loopwright runs on; commands are split like a shell would (shlex), never run through one."""
@@ -158,7 +159,7 @@ class TargetConfig(_Section):
         return -1.0 if self.direction == "maximize" else 1.0
 
 
-class PathsConfig(_Section):
+class PathsConfig(Section):
     editable: list[str] = Field(default_factory=lambda: ["train.py"], min_length=1)
     frozen: list[str] = Field(default_factory=lambda: [
         "prepare.py", "program.md", "loopwright.toml", "loopwright.lock", "AGENTS.md", "CLAUDE.md",
@@ -183,7 +184,7 @@ class PathsConfig(_Section):
         return self
 
 
-class NoiseConfig(_Section):
+class NoiseConfig(Section):
     baseline_seeds: int = Field(default=3, ge=1, le=50)
     k_sigma: float = Field(default=2.0, ge=0)
     min_delta: float = Field(default=0.002, ge=0)
@@ -224,7 +225,7 @@ class NoiseConfig(_Section):
         return self
 
 
-class BudgetConfig(_Section):
+class BudgetConfig(Section):
     max_experiments: Optional[int] = Field(default=50, ge=1, description=(
         "training runs, not experiments (the name is kept): an experiment is one run per seed, plus confirm runs"))
     max_hours: Optional[float] = Field(default=8.0, gt=0)
@@ -232,7 +233,7 @@ class BudgetConfig(_Section):
     target_metric: Optional[float] = None
 
 
-class ScheduleConfig(_Section):
+class ScheduleConfig(Section):
     cron: str
     agent: Literal["claude", "codex", "builtin"] = "claude"
     level: Literal["inner", "outer"] = Field(default="inner", description="outer: a session that improves the "
@@ -307,7 +308,7 @@ def check_token_url(key: str, value: str) -> str:
     return value
 
 
-class SlackConfig(_Section):
+class SlackConfig(Section):
     channel: Optional[str] = None
     token_env: str = "SLACK_BOT_TOKEN"
     webhook_url_env: str = "SLACK_WEBHOOK_URL"
@@ -316,7 +317,7 @@ class SlackConfig(_Section):
     crash_streak: int = Field(default=3, ge=1)
 
 
-class JiraConfig(_Section):
+class JiraConfig(Section):
     server: str
     project: str
     auth: Literal["cloud", "token"] = "cloud"
@@ -326,7 +327,7 @@ class JiraConfig(_Section):
     done_transition: str = "Done"
 
 
-class WebhookConfig(_Section):
+class WebhookConfig(Section):
     host: str = "127.0.0.1"
     port: int = Field(default=8787, ge=1, le=65535)
     github_secret_env: str = "LOOPWRIGHT_GITHUB_SECRET"
@@ -341,7 +342,7 @@ class WebhookConfig(_Section):
 _RAY_ADDRESS = re.compile(r"^(auto|local|(ray://)?[A-Za-z0-9._-]+:[0-9]{1,5})$")
 
 
-class ExecutorConfig(_Section):
+class ExecutorConfig(Section):
     """Where runs happen (operational: the cluster's address and the parallelism are the human's, not the
     score's -- results on the `steps` clock do not depend on them). `loopwright config set executor.kind ray`."""
     kind: Literal["local", "ray"] = Field(default="local", description="local: this machine; ray: a Ray cluster")
@@ -361,7 +362,7 @@ class ExecutorConfig(_Section):
         return v.strip()
 
 
-class LoopwrightConfig(_Section):
+class LoopwrightConfig(Section):
     campaign: CampaignConfig = Field(default_factory=CampaignConfig)
     benchmark: BenchmarkConfig = Field(default_factory=BenchmarkConfig)
     paths: PathsConfig = Field(default_factory=PathsConfig)
@@ -398,7 +399,8 @@ class LoopwrightConfig(_Section):
         return out
 
 
-def _format_error(path: Path | str, err: ValidationError) -> str:
+def format_error(path: Path | str, err: ValidationError) -> str:
+    """A pydantic ValidationError as one readable message: the file, then each bad key and why."""
     lines = [f"{path}: invalid configuration ({err.error_count()} problem(s)):"]
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "(top level)"
@@ -421,7 +423,7 @@ def parse_config(text: str, path: Path | str = CONFIG_NAME) -> LoopwrightConfig:
     try:
         return LoopwrightConfig.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(_format_error(path, e)) from None
+        raise ConfigError(format_error(path, e)) from None
 
 
 _CACHE: dict[str, tuple[tuple[int, int, int], LoopwrightConfig]] = {}

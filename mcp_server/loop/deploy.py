@@ -7,7 +7,7 @@ write a frozen file, `.git`, or create a file next to them: the kernel's file pe
 hook. The agent reaches the loop only through the MCP server, which runs as the loop's user.
 
 `loopwright init DIR --agent-group GROUP` (run as the loop's user) calls `share_with_group` below; git
-keeps those modes across reverts (gitops._keeping_modes). tests/test_deployments.py builds the two users
+keeps those modes across reverts (gitops._keeping_modes). tests/e2e/test_deployments.py builds the two users
 and checks both sides.
 """
 from __future__ import annotations

@@ -287,7 +287,7 @@ def blob_bytes(root: Path, commit: str, path: str) -> bytes:
     return blob.data_stream.read()
 
 
-def _verified_object(r: git.Repo, hexsha: str, kind: bytes) -> bytes:
+def verified_object(r: git.Repo, hexsha: str, kind: bytes) -> bytes:
     """Read an object and check that its content really hashes to its name.
 
     git does not re-hash objects on read, so an overwritten object file would otherwise be
@@ -303,11 +303,11 @@ def verified_blob_bytes(root: Path, commit: str, path: str) -> bytes:
     """Like blob_bytes, but every object from the commit down to the blob is re-hashed."""
     r = repo(root)
     sha = r.commit(commit).hexsha
-    body = _verified_object(r, sha, b"commit")
+    body = verified_object(r, sha, b"commit")
     tree = body.split(b"\n", 1)[0].split(b" ", 1)[1].decode()
     parts = path.split("/")
     for name in parts:
-        data = _verified_object(r, tree, b"tree")
+        data = verified_object(r, tree, b"tree")
         entry = None
         pos = 0
         while pos < len(data):
@@ -320,7 +320,7 @@ def verified_blob_bytes(root: Path, commit: str, path: str) -> bytes:
         if entry is None:
             raise GitError(f"{path} is not in commit {sha[:10]}")
         tree = entry
-    return _verified_object(r, tree, b"blob")
+    return verified_object(r, tree, b"blob")
 
 
 def tracked_files(root: Path, commit: str) -> list[str]:

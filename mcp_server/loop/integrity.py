@@ -234,12 +234,12 @@ def _pinned_objects(ws: Workspace, pinned: str) -> list[tuple[str, bytes, bytes]
     """(sha, kind, data) of the pinned commit, its trees and blobs, each verified by re-hashing."""
     r = gitops.repo(ws.root)
     out: list[tuple[str, bytes, bytes]] = []
-    body = gitops._verified_object(r, pinned, b"commit")
+    body = gitops.verified_object(r, pinned, b"commit")
     out.append((pinned, b"commit", body))
     todo = [body.split(b"\n", 1)[0].split(b" ", 1)[1].decode()]
     while todo:
         sha = todo.pop()
-        data = gitops._verified_object(r, sha, b"tree")
+        data = gitops.verified_object(r, sha, b"tree")
         out.append((sha, b"tree", data))
         pos = 0
         while pos < len(data):
@@ -249,7 +249,7 @@ def _pinned_objects(ws: Workspace, pinned: str) -> list[tuple[str, bytes, bytes]
             if mode in (b"40000", b"040000"):
                 todo.append(entry)
             elif mode != b"160000":           # not a submodule link
-                out.append((entry, b"blob", gitops._verified_object(r, entry, b"blob")))
+                out.append((entry, b"blob", gitops.verified_object(r, entry, b"blob")))
             pos = nul + 21
     return out
 

@@ -1,5 +1,5 @@
 """Simulated comparisons under the campaign's own sigma model: how often the verdict rule keeps a change
-of a given true effect, and how many pairs it spends (tests/test_sequential.py, bench/perf/pairs.py).
+of a given true effect, and how many pairs it spends (tests/loop/test_sequential.py, bench/perf/pairs.py).
 
 A simulated comparison follows the sync engine's order (Engine._run_seed_set, then score and confirms):
 the seed set's pairs one at a time while `verdict.enough_pairs` says the call is open, then

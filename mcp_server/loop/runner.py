@@ -131,7 +131,7 @@ def _parse_summary(lines: list[str]) -> dict[str, float]:
 # time_budget * BUDGET_TOLERANCE + START_SECONDS, on the budget's own clock (cpu: CPU seconds of the
 # whole sandboxed tree; wall: seconds since the sandbox was spawned). prepare.TrainingBudget counts
 # from the start of the python process and plans to end at 0.96-0.99 of the budget (BENCHMARKS.md;
-# tests/test_train.py allows 1.02). The meter also sees what train.py cannot: the reaper and bwrap
+# tests/bench/test_train.py allows 1.02). The meter also sees what train.py cannot: the reaper and bwrap
 # starting, and torch's interpreter teardown after the summary line. Measured on a loaded 2-core
 # machine with the bundled train.py: cpu clock, 30 s budget: 28.7 CPU s inside, 29.5 outside (0.985
 # of the budget); 8 s budget: 6.8 inside, 7.65 outside; wall clock, 8 s: 7.0 s inside, 8.3 outside

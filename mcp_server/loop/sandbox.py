@@ -334,10 +334,10 @@ def build_command(argv: Sequence[str], *, mode: Literal["train", "eval"] = "trai
     for p in writable:
         ops.append((depth(p), 2, ["--bind", p, p]))
     pairs = files.items() if isinstance(files, Mapping) else files
-    for dest, src in pairs:
-        src_real = _real(src)
+    for dest, origin in pairs:
+        src_real = _real(origin)
         if not os.path.isfile(src_real):
-            raise FileNotFoundError(f"{src} (to be shown in the sandbox at {dest}) is not a file")
+            raise FileNotFoundError(f"{origin} (to be shown in the sandbox at {dest}) is not a file")
         ops.append((depth(os.fspath(dest)), 3, ["--ro-bind", src_real, os.path.abspath(os.fspath(dest))]))
     if mode == "train" and gpu_visible(env):
         for dev in gpu_devices():
@@ -521,7 +521,7 @@ def eval_bootstrap(script: os.PathLike | str, argv: Sequence[str], site: Sequenc
 
 def _prepare_data_mount(ws) -> Path:
     """Where the workspace's prepare.py looks for data (DATA_DIR = <its dir>/.loopwright/data)."""
-    return Path(getattr(ws, "workspace_data_dir", None) or Path(ws.root) / ".loopwright" / "data")
+    return Path(ws.workspace_data_dir)
 
 
 PUBLIC_CORPUS_NOTE = (
@@ -532,7 +532,7 @@ PUBLIC_CORPUS_NOTE = (
     "hidden from train.py's sandbox)")
 
 # The default corpus: its val/test are these standard-library modules (= bench/gpt/prepare.py's HELDOUT_STDLIB,
-# which cannot import this; tests/test_hidden_corpus.py checks they agree), hidden from agent code in every
+# which cannot import this; tests/bench/test_hidden_corpus.py checks they agree), hidden from agent code in every
 # Python installation heldout_stdlib_paths() finds. Training, numpy, torch and prepare.py import none of them.
 HELDOUT_CORPUS = "stdlib-hidden"
 HELDOUT_STDLIB = ("xmlrpc", "wsgiref", "curses", "dbm", "mailbox", "imaplib", "smtplib", "ftplib", "poplib",
@@ -609,8 +609,7 @@ def corpus_sources(ws) -> list[Path]:
     """The workspace's corpus on disk when it is a PATH, or stdlib-hidden's held-out modules (the other named
     ones are downloaded into the hidden state dir, except stdlib, which no sandbox that runs Python can hide:
     see docs/security.md)."""
-    corpus = str(getattr(getattr(getattr(ws, "cfg", None), "benchmark", None), "corpus", "") or "")
-    return _corpus_paths(corpus, getattr(ws, "root", None))
+    return _corpus_paths(ws.cfg.benchmark.corpus, ws.root)
 
 
 def registered_corpora() -> list[Path]:
@@ -675,7 +674,7 @@ def training_command(ws, argv: Sequence[str], *, view: os.PathLike | str, scratc
     untracked file it planted there (a prepare.pyc, a prepare/ package, a torch.py: red team)."""
     refuse_python_inside(ws.root)
     mount = _prepare_data_mount(ws)
-    files = {str(mount / p.name): p for p in sorted(Path(view).iterdir())
+    files: dict[str, os.PathLike | str] = {str(mount / p.name): p for p in sorted(Path(view).iterdir())
              if p.is_file() and not p.is_symlink() and not p.name.startswith(".")}
     files.update({str(dest): src for dest, src in (sources or {}).items()})
     # every workspace's state (another workspace on the same corpus holds the same val/test text), and

@@ -20,7 +20,7 @@ Error rates. At a known sigma_d (exact, by `operating`) with the defaults (k_sig
 max_pairs 6): a null change is kept 1.2 % of the time (0.9 % with baseline_seeds 2, as the demo), and the
 MDE (`achieved_mde`: 1.46 sigma_d at baseline_seeds 3, 1.65 at 2; the fixed design's is 1.64 and 2.01)
 82 % of the time. Simulated with sigma_d estimated the campaign's way (pooled over earlier comparisons
-with the prior; mcp_server/loop/pairsim.py, checked in tests/test_sequential.py): null kept <= 5 %
+with the prior; mcp_server/loop/pairsim.py, checked in tests/loop/test_sequential.py): null kept <= 5 %
 (about 1 %), one reported MDE kept >= 80 % (84-87 %). Expected pairs: about 2.1 for a null change, 3.4
 at one MDE, 1.1 for a gain of 3 MDEs or a loss of one MDE (baseline_seeds 3); the fixed design spends
 the whole seed set on each, plus confirms near the bar (BENCHMARKS.md "Adaptive pairs"). The rates are

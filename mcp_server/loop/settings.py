@@ -41,7 +41,7 @@ class SettingsError(ConfigError):
     """A settings problem, phrased as what to do."""
 
 
-class Settings(cfgmod._Section):
+class Settings(cfgmod.Section):
     campaign: CampaignConfig = Field(default_factory=CampaignConfig)
     budget: BudgetConfig = Field(default_factory=BudgetConfig)
     schedule: list[ScheduleConfig] = Field(default_factory=list)
@@ -71,7 +71,7 @@ def validate(data: dict, where: str = SETTINGS_NAME) -> Settings:
     try:
         return Settings.model_validate(data)
     except ValidationError as e:
-        raise SettingsError(cfgmod._format_error(where, e).replace(
+        raise SettingsError(cfgmod.format_error(where, e).replace(
             "(see docs/configuration.md)", "(`loopwright config show` lists the keys)")) from None
 
 

@@ -24,13 +24,13 @@ from mcp_server.loop.workspace import (
     StateDirError,
     Workspace,
     WorkspaceError,
-    _inside,
-    _make_private_dir,
     bench_source_dir,
     bench_version,
     check_state_dir,
     data_hashes,
+    is_inside,
     lock_workspace_id,
+    make_private_dir,
     old_layout,
     prepare_data,
     read_record,
@@ -149,13 +149,13 @@ def _new_id(root: Path) -> str:
 def create_state_dir(root: Path, workspace_id: Optional[str] = None) -> tuple[str, Path]:
     """Make a fresh private state directory for the workspace at `root`; returns (id, path)."""
     home = state_home()
-    _inside_ws = _inside(home, root.resolve())
+    _inside_ws = is_inside(home, root.resolve())
     if _inside_ws:
         raise StateDirError(f"LOOPWRIGHT_HOME={home} is inside the workspace {root}; the loop's state must live "
                             "outside it (the agent can write the workspace)")
     for d in (home, home / "workspaces"):
         if not d.exists():
-            _make_private_dir(d)
+            make_private_dir(d)
     wid = workspace_id or _new_id(root)
     state = state_dir_for(wid)
     state.mkdir(mode=0o700)          # never reuse an existing one
@@ -252,7 +252,7 @@ def _init_target(root: Path, target: str, tag: str, force: bool, wiring: str | M
     from mcp_server.loop.sandbox import SandboxUnavailable, refuse_python_inside
 
     src = targets.resolve_source(target)
-    if root == src.root or _inside(root, src.root) or _inside(src.root, root):
+    if root == src.root or is_inside(root, src.root) or is_inside(src.root, root):
         raise WorkspaceError(f"the workspace {root} and the target {src.root} overlap; the workspace is a copy of "
                              "the target (its keeps must never rewrite the original): choose another directory")
     try:
@@ -393,7 +393,7 @@ def migrate_workspace(directory: Path | str) -> list[str]:
                 done.append(f"copied [{'], ['.join(toml_ops)}] from loopwright.toml into settings.toml; from now on "
                             "change them with `loopwright config set`")
             keep = state / "pre-migration"
-            _make_private_dir(keep)
+            make_private_dir(keep)
             for name in ("state.db", "state.db-wal", "state.db-shm"):
                 if (local / name).is_file():
                     shutil.copy2(local / name, keep / name)

@@ -141,7 +141,8 @@ def state_dir_for(workspace_id: str) -> Path:
     return state_home() / "workspaces" / workspace_id
 
 
-def _inside(child: Path, parent: Path) -> bool:
+def is_inside(child: Path, parent: Path) -> bool:
+    """Whether `child` is `parent` or below it (lexically: resolve both first where links matter)."""
     try:
         child.relative_to(parent)
         return True
@@ -163,7 +164,7 @@ def check_state_dir(state: Path, root: Path) -> None:
         raise StateDirError(f"{state} is a symlink or not a directory; the loop's state must be a plain "
                             "directory outside the workspace")
     real, ws = state.resolve(), root.resolve()
-    if _inside(real, ws) or _inside(ws, real):
+    if is_inside(real, ws) or is_inside(ws, real):
         raise StateDirError(f"the state directory {real} is inside the workspace {ws} (or contains it): the agent "
                             "could rewrite the ledger. Point LOOPWRIGHT_HOME outside the workspace")
     if st.st_uid != os.geteuid():
@@ -174,7 +175,8 @@ def check_state_dir(state: Path, root: Path) -> None:
                             f"`chmod 700 {state}` and check its contents were not changed")
 
 
-def _make_private_dir(path: Path) -> None:
+def make_private_dir(path: Path) -> None:
+    """Create `path` (and parents) readable by its owner only, tightening an existing one."""
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(path, 0o700)
 
@@ -397,7 +399,7 @@ class Workspace:
         if not stamp.is_file() or stamp.read_text() != key:
             tmp = self._state_dir / "train-view.tmp"
             shutil.rmtree(tmp, ignore_errors=True)
-            _make_private_dir(tmp)
+            make_private_dir(tmp)
             if src.is_file():
                 data = src.read_bytes()
                 carve = 2 * min(QUICK_EVAL_MAX_TOKENS, len(data) // 20)   # uint16 tokens

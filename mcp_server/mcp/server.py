@@ -230,7 +230,7 @@ def serve(workspace: Path | str, http: bool = False, host: str = "127.0.0.1", po
     # "(raylet) ... marked dead" to stdout even with log_to_driver=False, child processes inherit fd 1. The
     # SDK's stdio transport (mcp >= 2.3, the pinned range) claims it: the protocol goes through a private
     # close-on-exec duplicate and fd 1 is pointed at stderr, so nothing else can reach the client's stream
-    # (tests/test_loop_mcp.py::test_stdout_noise_never_reaches_the_protocol_stream fails if it stops doing so).
+    # (tests/mcp/test_loop_mcp.py::test_stdout_noise_never_reaches_the_protocol_stream fails if it stops doing so).
     server.run()
     log.info("stdin closed: exiting")
     _shutdown()

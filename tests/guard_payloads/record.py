@@ -1,4 +1,4 @@
-"""Record the hook payloads the real Claude Code and Codex send, for tests/test_guard.py.
+"""Record the hook payloads the real Claude Code and Codex send, for tests/guard/test_guard.py.
 
     python tests/guard_payloads/record.py        # needs: npm install --prefix tests/realclients
 

@@ -29,11 +29,11 @@ class Arg:
         return self.src or self.text
 
 
-_GLOB_CHARS = re.compile(r"[*?\[]")
-_ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\+?=")
+GLOB_CHARS = re.compile(r"[*?\[]")                          # an unquoted word with these is a glob
+ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\+?=")   # NAME=value / NAME+=value
 
 
-def _brace_expand(s: str, limit: int = 64) -> list[str]:
+def brace_expand(s: str, limit: int = 64) -> list[str]:
     """bash {a,b} and {1..3} on an unquoted fragment (enough for paths; capped)."""
     depth, start = 0, -1
     for i, c in enumerate(s):
@@ -49,7 +49,7 @@ def _brace_expand(s: str, limit: int = 64) -> list[str]:
                 if len(alts) == 1:
                     m = re.fullmatch(r"(-?\d+)\.\.(-?\d+)|([A-Za-z])\.\.([A-Za-z])", inner)
                     if not m:
-                        return [pre + "{" + inner + "}" + x for x in _brace_expand(post, limit)]
+                        return [pre + "{" + inner + "}" + x for x in brace_expand(post, limit)]
                     if m.group(1) is not None:
                         a, b = int(m.group(1)), int(m.group(2))
                         step = 1 if b >= a else -1
@@ -60,7 +60,7 @@ def _brace_expand(s: str, limit: int = 64) -> list[str]:
                         alts = [chr(v) for v in range(a, b + step, step)[:limit]]
                 out = []
                 for alt in alts:
-                    for tail in _brace_expand(alt + post, limit):
+                    for tail in brace_expand(alt + post, limit):
                         out.append(pre + tail)
                         if len(out) >= limit:
                             return out
@@ -128,21 +128,24 @@ def parse_opts(args: list, short_val: str = "", long_val: tuple = (), first_posi
     return opts, pos
 
 
-def _has(opts, *names) -> bool:
+def has_option(opts, *names) -> bool:
+    """Whether parse_opts' `opts` hold any of the option `names` (e.g. "-r", "--recursive")."""
     return any(n in names for n, _ in opts)
 
 
-def _vals(opts, *names) -> list:
+def option_values(opts, *names) -> list:
+    """The values (Args) given to any of the option `names` in parse_opts' `opts`, in order."""
     return [v for n, v in opts if n in names and v is not None]
 
 
 
-def _literal_text(arg: Arg) -> str:
+def literal_text(arg: Arg) -> str:
+    """The command name as written, without its directory ("" when the name is not static)."""
     return os.path.basename(arg.text) if arg.kind == "static" else ""
 
 
 
-def _opt_index(args: list, with_value: set, start: int = 1) -> int:
+def operand_index(args: list, with_value: set, start: int = 1) -> int:
     """Index of the first non-option argument (wrapped command) after simple options."""
     i = start
     while i < len(args):

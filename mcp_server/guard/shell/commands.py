@@ -7,15 +7,15 @@ import re
 from typing import TYPE_CHECKING, Callable
 
 from mcp_server.guard.shell.args import (
-    _ASSIGN,
+    ASSIGNMENT,
     Arg,
     Denied,
-    _has,
-    _literal_text,
-    _vals,
+    has_option,
+    literal_text,
+    option_values,
     parse_opts,
 )
-from mcp_server.guard.shell.git import _h_git
+from mcp_server.guard.shell.git import handle_git
 
 if TYPE_CHECKING:
     from mcp_server.guard.shell.walker import ShellGuard
@@ -31,33 +31,33 @@ def _h_cd(g: ShellGuard, args, stdin, env):
     if not pos:
         g.cwd = os.path.expanduser("~")
     elif pos[0].kind == "static":
-        g.cwd = g._abs(pos[0].text)
+        g.cwd = g.absolute(pos[0].text)
 
 
 def _h_export(g: ShellGuard, args, stdin, env):
     for a in args[1:]:
-        m = _ASSIGN.match(a.text)
+        m = ASSIGNMENT.match(a.text)
         if m:
             g.vars[m.group(1)] = a.text.partition("=")[2] if a.kind == "static" else None
 
 
 def _h_delete(g: ShellGuard, args, stdin, env):
     opts, pos = parse_opts(args[1:])
-    recursive = _has(opts, "-r", "-R", "--recursive")
+    recursive = has_option(opts, "-r", "-R", "--recursive")
     for a in pos:
-        g.delete(a, f"{_literal_text(args[0])} {a.shown}", recursive=recursive)
+        g.delete(a, f"{literal_text(args[0])} {a.shown}", recursive=recursive)
 
 
 def _h_writes_all(short_val: str = "", long_val: tuple = ()):
     def handler(g: ShellGuard, args, stdin, env):
         opts, pos = parse_opts(args[1:], short_val=short_val, long_val=long_val)
         for a in pos:
-            g.write(a, f"{_literal_text(args[0])} {a.shown}")
+            g.write(a, f"{literal_text(args[0])} {a.shown}")
     return handler
 
 
 def _h_chmod(g: ShellGuard, args, stdin, env):
-    name = _literal_text(args[0])
+    name = literal_text(args[0])
     rest = args[1:]
     recursive = any(a.text in ("-R", "--recursive") for a in rest)
     flags = {"-R", "--recursive", "-v", "-c", "-f", "--verbose", "--changes", "--silent", "--quiet",
@@ -71,12 +71,12 @@ def _h_chmod(g: ShellGuard, args, stdin, env):
 
 def _h_copy(move: bool):
     def handler(g: ShellGuard, args, stdin, env):
-        name = _literal_text(args[0])
+        name = literal_text(args[0])
         opts, pos = parse_opts(args[1:], short_val="tSmog" if name == "install" else "tS",
                                long_val=("--target-directory", "--suffix", "--mode", "--owner", "--group"))
-        recursive = move or _has(opts, "-r", "-R", "-a", "--recursive", "--archive")
-        tdir = _vals(opts, "-t", "--target-directory")
-        if name == "install" and _has(opts, "-d", "--directory"):
+        recursive = move or has_option(opts, "-r", "-R", "-a", "--recursive", "--archive")
+        tdir = option_values(opts, "-t", "--target-directory")
+        if name == "install" and has_option(opts, "-d", "--directory"):
             for a in pos:
                 g.write(a, f"install -d {a.shown}")
             return
@@ -84,8 +84,8 @@ def _h_copy(move: bool):
             dest, sources, into_dir = tdir[0], pos, True
         elif len(pos) >= 2:
             dest, sources = pos[-1], pos[:-1]
-            into_dir = len(sources) > 1 or (dest.kind == "static" and os.path.isdir(g._abs(dest.text)))
-            into_dir = into_dir and not _has(opts, "-T", "--no-target-directory")
+            into_dir = len(sources) > 1 or (dest.kind == "static" and os.path.isdir(g.absolute(dest.text)))
+            into_dir = into_dir and not has_option(opts, "-T", "--no-target-directory")
         else:
             return
         for src in sources:
@@ -110,7 +110,7 @@ def _h_copy(move: bool):
 def _h_ln(g: ShellGuard, args, stdin, env):
     # Both ends count: a link (hard or symbolic) to a frozen file is a way to write it later.
     opts, pos = parse_opts(args[1:], short_val="tS", long_val=("--target-directory", "--suffix"))
-    tdir = _vals(opts, "-t", "--target-directory")
+    tdir = option_values(opts, "-t", "--target-directory")
     for a in pos + tdir:
         g.write(a, f"ln {a.shown} (a link to a protected file is a way to write it)")
     if len(pos) == 1 and not tdir:
@@ -141,7 +141,7 @@ def _h_tee(g: ShellGuard, args, stdin, env):
     for a in pos:
         g.write(a, f"tee {a.shown}")
         if a.kind == "static" and stdin is not None:
-            g.written[g._abs(a.text)] = stdin
+            g.written[g.absolute(a.text)] = stdin
 
 
 def _h_truncate(g: ShellGuard, args, stdin, env):
@@ -158,9 +158,9 @@ def _h_touch(g: ShellGuard, args, stdin, env):
 
 def _h_sed(g: ShellGuard, args, stdin, env):
     opts, pos = parse_opts(args[1:], short_val="efl", long_val=("--expression", "--file", "--line-length"))
-    scripts = [v.text for v in _vals(opts, "-e", "--expression")]
+    scripts = [v.text for v in option_values(opts, "-e", "--expression")]
     files = pos
-    if not scripts and not _vals(opts, "-f", "--file") and pos:
+    if not scripts and not option_values(opts, "-f", "--file") and pos:
         scripts, files = [pos[0].text], pos[1:]
     if _sed_in_place(args[1:]):
         for a in files:
@@ -223,7 +223,7 @@ def _perl_like(lang: str):
             g.script(c, lang, f"{lang} -e")
         if not code:
             if files:
-                g._script_file(files[0], files[1:], lang, stdin)
+                g.script_file(files[0], files[1:], lang, stdin)
                 files = files[1:]
             else:
                 g.code_on_stdin(stdin, lang, lang)
@@ -241,7 +241,9 @@ _AGENT_CLI = {"status", "budget", "doctor", "--help", "-h", "--version"}
 _HUMAN_DECISIONS = {"approve", "reject"}
 
 
-def _loopwright_cli(module: str, rest: list):
+def loopwright_cli(module: str, rest: list):
+    """`python -m <module> <rest>` or `loopwright <rest>`: the agent's subcommands pass, a person's
+    decisions and loopwright internals are Denied."""
     if module not in ("mcp_server.cli", "mcp_server"):
         if module == "mcp_server.guard":
             return
@@ -268,21 +270,21 @@ def _loopwright_cli(module: str, rest: list):
 
 
 def _h_loopwright(g: ShellGuard, args, stdin, env):
-    _loopwright_cli("mcp_server.cli", args[1:])
+    loopwright_cli("mcp_server.cli", args[1:])
 
 
 def _h_python(g: ShellGuard, args, stdin, env):
-    g._python(args, stdin)
+    g.python_command(args, stdin)
 
 
 def _h_node(g: ShellGuard, args, stdin, env):
     opts, pos = parse_opts(args[1:], short_val="ep", long_val=("--eval", "--print", "--require", "-r"),
                            first_positional_stops=True)
-    code = _vals(opts, "-e", "-p", "--eval", "--print")
+    code = option_values(opts, "-e", "-p", "--eval", "--print")
     if code:
         g.script(code[0].text, "node", "node -e")
     elif pos:
-        g._script_file(pos[0], pos[1:], "node", stdin)
+        g.script_file(pos[0], pos[1:], "node", stdin)
     else:
         g.code_on_stdin(stdin, "node", "node")
 
@@ -292,23 +294,23 @@ def _h_eval_code(flag: str, lang: str):
     def handler(g: ShellGuard, args, stdin, env):
         for i, a in enumerate(args[1:], 1):
             if a.text == flag and i + 1 < len(args):
-                g.script(args[i + 1].text, lang, f"{_literal_text(args[0])} {flag}")
+                g.script(args[i + 1].text, lang, f"{literal_text(args[0])} {flag}")
                 return
         pos = [a for a in args[1:] if not a.text.startswith("-")]
         if pos:
-            g._script_file(pos[0], pos[1:], lang, stdin)
+            g.script_file(pos[0], pos[1:], lang, stdin)
     return handler
 
 
 def _h_awk(g: ShellGuard, args, stdin, env):
     opts, pos = parse_opts(args[1:], short_val="fvFi", long_val=("--file", "--assign", "--include"))
-    progs = [g._file_text(f) for f in _vals(opts, "-f", "--file")]
+    progs = [g.file_text(f) for f in option_values(opts, "-f", "--file")]
     files = pos
-    if not _vals(opts, "-f", "--file") and pos:
+    if not option_values(opts, "-f", "--file") and pos:
         progs, files = [pos[0].text], pos[1:]
     for p in progs:
         g.script(p, "awk", "awk program")
-    if any(v.text == "inplace" for v in _vals(opts, "-i", "--include")):
+    if any(v.text == "inplace" for v in option_values(opts, "-i", "--include")):
         for a in files:
             g.write(a, f"awk -i inplace on {a.shown}")
 
@@ -332,9 +334,9 @@ def _h_sh(g: ShellGuard, args, stdin, env):
             continue
         break
     if i < len(args) and args[i].text != "-":
-        g._script_file(args[i], args[i + 1:], "sh", stdin)
+        g.script_file(args[i], args[i + 1:], "sh", stdin)
     else:
-        g.code_on_stdin(stdin, "sh", _literal_text(args[0]))
+        g.code_on_stdin(stdin, "sh", literal_text(args[0]))
 
 
 def _h_alias(g: ShellGuard, args, stdin, env):
@@ -350,7 +352,7 @@ def _h_eval(g: ShellGuard, args, stdin, env):
 
 def _h_source(g: ShellGuard, args, stdin, env):
     if len(args) > 1:
-        g._script_file(args[1], args[2:], "sh", stdin)
+        g.script_file(args[1], args[2:], "sh", stdin)
 
 
 def _h_find(g: ShellGuard, args, stdin, env):
@@ -374,11 +376,11 @@ def _h_find(g: ShellGuard, args, stdin, env):
             while k < len(expr) and expr[k].text not in (";", "+"):
                 k += 1
             for r in roots:   # {} stands for any path under the root
-                under = os.path.join(g._abs(r.text) if r.kind == "static" else "*", "*")
+                under = os.path.join(g.absolute(r.text) if r.kind == "static" else "*", "*")
                 sub = [Arg(a.text.replace("{}", under), "dynamic", f"{a.shown} (each path find visits)")
                        if "{}" in a.text else a for a in expr[j + 1:k]]
                 if sub:
-                    g._dispatch(sub, None, {})
+                    g.dispatch(sub, None, {})
             j = k
         elif t in ("-fprint", "-fprint0", "-fls", "-fprintf") and j + 1 < len(expr):
             g.write(expr[j + 1], f"find {t}")
@@ -402,7 +404,7 @@ def _h_sqlite(g: ShellGuard, args, stdin, env):
             pos.append(args[i])
         i += 1
     if pos:
-        for path in g._concrete(pos[0]):
+        for path in g.concrete(pos[0]):
             if g.policy.in_state_dir(path, g.cwd):
                 raise Denied(f"{pos[0].text} is in the loop's state directory; only the loop opens it. "
                              "Use the state_read tool to see past experiments.")
@@ -414,15 +416,15 @@ def _h_sqlite(g: ShellGuard, args, stdin, env):
 def _h_patch(g: ShellGuard, args, stdin, env):
     opts, pos = parse_opts(args[1:], short_val="pioFdDrBVYzg",
                            long_val=("--input", "--output", "--directory", "--strip", "--reject-file"))
-    if _has(opts, "--dry-run", "-C", "--check"):
+    if has_option(opts, "--dry-run", "-C", "--check"):
         return
-    for v in _vals(opts, "-o", "--output"):
+    for v in option_values(opts, "-o", "--output"):
         g.write(v, "patch -o")
     if pos:
         g.write(pos[0], f"patch {pos[0].shown}")
         return
-    inputs = _vals(opts, "-i", "--input")
-    text = g._file_text(inputs[0]) if inputs else stdin
+    inputs = option_values(opts, "-i", "--input")
+    text = g.file_text(inputs[0]) if inputs else stdin
     if text is None:
         raise Denied("patch without a target file changes files named inside the patch, which the guard "
                      "cannot read here; edit train.py with your edit tool instead.")
@@ -448,23 +450,23 @@ def _h_tar(g: ShellGuard, args, stdin, env):
         rest = [rest[0].derive("-" + rest[0].text)] + rest[1:]     # old style: tar xzf a.tgz
     opts, pos = parse_opts(rest, short_val="fCTXbHIKN", long_val=("--file", "--directory", "--exclude",
                                                                    "--files-from", "--exclude-from"))
-    where = (_vals(opts, "-C", "--directory") or [Arg(".")])[0]
-    if _has(opts, "-x", "--extract", "--get"):
+    where = (option_values(opts, "-C", "--directory") or [Arg(".")])[0]
+    if has_option(opts, "-x", "--extract", "--get"):
         g.write(where, f"tar extracting into {where.shown}", recursive=True)
-    if _has(opts, "-c", "-r", "-u", "-A", "--create", "--append", "--update", "--concatenate"):
-        for v in _vals(opts, "-f", "--file"):
+    if has_option(opts, "-c", "-r", "-u", "-A", "--create", "--append", "--update", "--concatenate"):
+        for v in option_values(opts, "-f", "--file"):
             g.write(v, "tar -f")
         for a in pos:
             g.read(a.derive(os.path.join(where.text, a.text)), recursive=True)
-            if _has(opts, "--remove-files"):
+            if has_option(opts, "--remove-files"):
                 g.delete(a.derive(os.path.join(where.text, a.text)), "tar --remove-files", recursive=True)
 
 
 def _h_unzip(g: ShellGuard, args, stdin, env):
     opts, pos = parse_opts(args[1:], short_val="dxP")
-    if _has(opts, "-l", "-t", "-v", "-p", "-Z", "-z"):
+    if has_option(opts, "-l", "-t", "-v", "-p", "-Z", "-z"):
         return
-    where = (_vals(opts, "-d") or [Arg(".")])[0]
+    where = (option_values(opts, "-d") or [Arg(".")])[0]
     g.write(where, f"unzip extracting into {where.shown}", recursive=True)
 
 
@@ -473,32 +475,32 @@ def _h_zip(g: ShellGuard, args, stdin, env):
     if pos:
         g.write(pos[0], f"zip {pos[0].shown}")
         for a in pos[1:]:
-            g.read(a, recursive=_has(opts, "-r", "-R"))
-            if _has(opts, "-m", "--move"):
+            g.read(a, recursive=has_option(opts, "-r", "-R"))
+            if has_option(opts, "-m", "--move"):
                 g.delete(a, f"zip -m {a.shown} (deletes it)", recursive=True)
 
 
 def _h_compress(g: ShellGuard, args, stdin, env):
     opts, pos = parse_opts(args[1:], short_val="S")
-    if _has(opts, "-c", "--stdout", "-l", "--list", "-t", "--test"):
+    if has_option(opts, "-c", "--stdout", "-l", "--list", "-t", "--test"):
         return
     for a in pos:
-        g.write(a, f"{_literal_text(args[0])} {a.shown} (replaces the file)")
+        g.write(a, f"{literal_text(args[0])} {a.shown} (replaces the file)")
 
 
 def _h_download(out_flags: tuple):
     def handler(g: ShellGuard, args, stdin, env):
         for i, a in enumerate(args[1:], 1):
             if a.text in out_flags and i + 1 < len(args):
-                g.write(args[i + 1], f"{_literal_text(args[0])} {a.shown}")
+                g.write(args[i + 1], f"{literal_text(args[0])} {a.shown}")
             elif any(a.text.startswith(f + "=") for f in out_flags if f.startswith("--")):
-                g.write(a.derive(a.text.partition("=")[2]), _literal_text(args[0]))
+                g.write(a.derive(a.text.partition("=")[2]), literal_text(args[0]))
     return handler
 
 
 def _h_sort(g: ShellGuard, args, stdin, env):
     opts, pos = parse_opts(args[1:], short_val="otkSTt", long_val=("--output",))
-    for v in _vals(opts, "-o", "--output"):
+    for v in option_values(opts, "-o", "--output"):
         g.write(v, "sort -o")
 
 
@@ -506,10 +508,10 @@ def _h_second_positional(g: ShellGuard, args, stdin, env):
     """uniq IN OUT, xxd -r IN OUT: the second positional is written."""
     pos = [a for a in args[1:] if not a.text.startswith("-")]
     if len(pos) >= 2:
-        g.write(pos[1], f"{_literal_text(args[0])} {pos[1].shown}")
+        g.write(pos[1], f"{literal_text(args[0])} {pos[1].shown}")
 
 
-_HANDLERS: dict[str, Callable] = {
+HANDLERS: dict[str, Callable] = {
     "loopwright": _h_loopwright,
     "cd": _h_cd, "pushd": _h_cd, "export": _h_export, "declare": _h_export, "typeset": _h_export,
     "local": _h_export, "readonly": _h_export,
@@ -524,7 +526,7 @@ _HANDLERS: dict[str, Callable] = {
     "node": _h_node, "bun": _h_node, "deno": _h_eval_code("eval", "node"),
     "php": _h_eval_code("-r", "php"), "lua": _h_eval_code("-e", "lua"), "Rscript": _h_eval_code("-e", "R"),
     "python": _h_python, "awk": _h_awk, "sh": _h_sh, "eval": _h_eval, "source": _h_source, ".": _h_source,
-    "alias": _h_alias, "find": _h_find, "git": _h_git, "sqlite3": _h_sqlite, "patch": _h_patch,
+    "alias": _h_alias, "find": _h_find, "git": handle_git, "sqlite3": _h_sqlite, "patch": _h_patch,
     "apply_patch": _h_apply_patch, "applypatch": _h_apply_patch,
     "tar": _h_tar, "bsdtar": _h_tar, "unzip": _h_unzip, "zip": _h_zip,
     "curl": _h_download(("-o", "--output")), "wget": _h_download(("-O", "--output-document")),

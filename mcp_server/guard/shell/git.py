@@ -6,7 +6,7 @@ import os
 import re
 from typing import TYPE_CHECKING, Callable
 
-from mcp_server.guard.shell.args import Denied, _has, parse_opts
+from mcp_server.guard.shell.args import Denied, has_option, parse_opts
 
 if TYPE_CHECKING:
     from mcp_server.guard.shell.walker import ShellGuard
@@ -25,7 +25,9 @@ GIT_REASON = ("git {sub} changes the loop's git state. The loop owns git: run_ex
               "Read-only git (status, diff, log, show) is fine.")
 
 
-def _h_git(g: ShellGuard, args, stdin, env):
+def handle_git(g: ShellGuard, args, stdin, env):
+    """The handler for `git ...`: in the loop's repository read-only git passes; anything that moves
+    the loop's git state is Denied."""
     i, gdir, extra_dirs = 1, g.cwd, []
     while i < len(args) and args[i].text.startswith("-"):
         t = args[i].text
@@ -74,7 +76,7 @@ def _git_paths_editable(g: ShellGuard, sub: str, paths: list):
 
 def _git_checkout(g: ShellGuard, sub: str, rest: list):
     opts, pos = parse_opts(rest, short_val="bBc", long_val=("--orphan",))
-    if _has(opts, "-b", "-B", "-c", "--orphan", "--detach", "-p", "--patch", "--pathspec-from-file"):
+    if has_option(opts, "-b", "-B", "-c", "--orphan", "--detach", "-p", "--patch", "--pathspec-from-file"):
         raise Denied(GIT_REASON.format(sub=sub))
     if any(a.text == "--" for a in rest):
         k = [a.text for a in rest].index("--")
@@ -85,7 +87,7 @@ def _git_checkout(g: ShellGuard, sub: str, rest: list):
 
 def _git_restore(g: ShellGuard, sub: str, rest: list):
     opts, pos = parse_opts(rest, short_val="s", long_val=("--source",))
-    if _has(opts, "-S", "--staged", "-p", "--patch", "--pathspec-from-file"):
+    if has_option(opts, "-S", "--staged", "-p", "--patch", "--pathspec-from-file"):
         raise Denied(GIT_REASON.format(sub=sub))
     _git_paths_editable(g, sub, pos)
 
@@ -98,7 +100,7 @@ def _git_listing(*allowed_subs: str, list_flags: tuple = (), bare_lists: bool = 
             return
         if not pos and (opts or bare_lists) and all(n in list_flags for n, _ in opts):
             return
-        if _has(opts, "-l", "--list") and sub in ("branch", "tag"):
+        if has_option(opts, "-l", "--list") and sub in ("branch", "tag"):
             if not any(n in ("-d", "-D", "-m", "-M", "-c", "-C", "-f", "--force", "--delete") for n, _ in opts):
                 return
         raise Denied(GIT_REASON.format(sub=sub))

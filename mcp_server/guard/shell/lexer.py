@@ -105,12 +105,12 @@ class _Lexer:
             start = self.i
             word = self._word()
             raw = s[start:self.i]
-            red = Redir(op, None, delim=_plain(word), strip_tabs=(op == "<<-"),
+            red = Redir(op, None, delim=plain_text(word), strip_tabs=(op == "<<-"),
                         expand=not any(q in raw for q in "'\"\\"))
             self.pending.append(red)
         elif op in (">&", "<&"):
             word = self._word()
-            text = _plain(word)
+            text = plain_text(word)
             if text == "-" or text.isdigit():
                 red = Redir(op, None)                      # fd duplication, not a file
             else:
@@ -332,14 +332,14 @@ def _merge(parts: list) -> list:
     return out
 
 
-def _plain(word: Word) -> str:
+def plain_text(word: Word) -> str:
     """The word's text with quotes removed and expansions left as written (for delimiters, fds)."""
     return "".join(t if k in ("lit", "q") else "$" + t for k, t in word.parts)
 
 
-_KEYWORDS = {"if", "then", "else", "elif", "fi", "do", "done", "while", "until", "!", "{", "}",
+KEYWORDS = {"if", "then", "else", "elif", "fi", "do", "done", "while", "until", "!", "{", "}",
              "time", "function", "esac", "in", "[[", "]]"}
-_HEADER_KEYWORDS = {"for", "select", "case"}   # the rest of such a "command" is a header, not a command
+HEADER_KEYWORDS = {"for", "select", "case"}   # the rest of such a "command" is a header, not a command
 
 
 def parse(text: str) -> tuple[list[Command], list[str], bool]:
@@ -354,7 +354,7 @@ def parse(text: str) -> tuple[list[Command], list[str], bool]:
         if isinstance(tok, Op) and tok.op == "(" and cur.words:
             nxt = tokens[k + 1] if k + 1 < len(tokens) else None
             function_def = isinstance(nxt, Op) and nxt.op == ")"                     # f() { ...; }
-            array = _plain(cur.words[-1]).endswith("=")                               # a=(1 2)
+            array = plain_text(cur.words[-1]).endswith("=")                               # a=(1 2)
             not_shell = not_shell or not (function_def or array)
         if isinstance(tok, Word):
             cur.words.append(tok)

@@ -11,28 +11,28 @@ from typing import Optional
 
 from mcp_server.guard.policy import HUMAN_COMMANDS
 from mcp_server.guard.shell.args import (
-    _ASSIGN,
-    _GLOB_CHARS,
+    ASSIGNMENT,
+    GLOB_CHARS,
     Arg,
     Denied,
-    _brace_expand,
-    _has,
-    _literal_text,
-    _vals,
+    brace_expand,
+    has_option,
+    literal_text,
+    option_values,
     parse_opts,
 )
-from mcp_server.guard.shell.commands import _HANDLERS, _loopwright_cli
+from mcp_server.guard.shell.commands import HANDLERS, loopwright_cli
 from mcp_server.guard.shell.lexer import (
-    _HEADER_KEYWORDS,
-    _KEYWORDS,
+    HEADER_KEYWORDS,
+    KEYWORDS,
     Command,
     Redir,
     ShellParseError,
     Word,
-    _plain,
     parse,
+    plain_text,
 )
-from mcp_server.guard.shell.wrappers import _WRAPPERS
+from mcp_server.guard.shell.wrappers import WRAPPERS
 
 MAX_DEPTH = 8            # nested bash -c / $(...) levels before we give up (and deny)
 MAX_SCRIPT_BYTES = 1 << 20
@@ -117,23 +117,23 @@ class ShellGuard:
         for red in cmd.redirs:
             self._redirect(red, args, stdin)
         if args:
-            self._dispatch(args, stdin, env)
+            self.dispatch(args, stdin, env)
 
     def _strip_keywords(self, words: list) -> list:
         while words:
             first = _literal(words[0])
-            if first in _HEADER_KEYWORDS:
+            if first in HEADER_KEYWORDS:
                 if first in ("for", "select") and len(words) > 1:
-                    self.vars[_plain(words[1])] = None     # loop variable: unknown
+                    self.vars[plain_text(words[1])] = None     # loop variable: unknown
                 return []
-            if first not in _KEYWORDS:
+            if first not in KEYWORDS:
                 break
             words = words[1:]
         return words
 
     def _assignment(self, word: Word):
         first_kind, first_text = word.parts[0]
-        m = _ASSIGN.match(first_text)
+        m = ASSIGNMENT.match(first_text)
         assert m is not None                       # only called on words _is_assignment accepted
         rest = [(first_kind, first_text[m.end():])] + word.parts[1:]
         args = self._expand(Word(rest), split=False)
@@ -172,7 +172,7 @@ class ShellGuard:
             variants: list[list[tuple[str, str]]] = [[]]
             for text, kind in pieces:
                 if kind == "lit" and "{" in text and split:
-                    alts = _brace_expand(text)
+                    alts = brace_expand(text)
                     variants = [v + [(alt, kind)] for v in variants for alt in alts][:64]
                 else:
                     variants = [v + [(text, kind)] for v in variants]
@@ -190,7 +190,7 @@ class ShellGuard:
     def _arg(pieces: list, src: str) -> Arg:
         if any(k == "dyn" for _, k in pieces):
             return Arg("".join(t if k == "dyn" else _fn_escape(t) for t, k in pieces), "dynamic", src)
-        if any(k == "lit" and _GLOB_CHARS.search(t) for t, k in pieces):
+        if any(k == "lit" and GLOB_CHARS.search(t) for t, k in pieces):
             return Arg("".join(t if k == "lit" else _glob.escape(t) for t, k in pieces), "glob")
         return Arg("".join(t for t, _ in pieces))
 
@@ -207,7 +207,7 @@ class ShellGuard:
                 return arg.text + "\n"
             if red.op == "<":
                 arg = self._expand(red.target, split=False)[0]
-                return self._file_text(arg) if arg.kind == "static" else None
+                return self.file_text(arg) if arg.kind == "static" else None
         src = cmd.pipe_from
         if src is None:
             return None
@@ -221,13 +221,15 @@ class ShellGuard:
             files = [a for a in args[1:] if not a.text.startswith("-")]
             if not files:
                 return self._stdin_text(src)
-            texts = [self._file_text(a) for a in files]
+            texts = [self.file_text(a) for a in files]
             known = [t for t in texts if t is not None]
             return "".join(known) if len(known) == len(texts) else None
         return None
 
-    def _file_text(self, arg: Arg) -> Optional[str]:
-        path = self._abs(arg.text)
+    def file_text(self, arg: Arg) -> Optional[str]:
+        """The file's text as this command line would see it (written earlier in it, or on disk; None
+        when unknown or too large)."""
+        path = self.absolute(arg.text)
         if path in self.written:
             return self.written[path]
         try:
@@ -252,31 +254,33 @@ class ShellGuard:
         name = os.path.basename(args[0].text) if args else ""
         if target.kind == "static" and red.op in (">", ">|", "&>"):
             if name == "cat" and len(args) == 1 and stdin is not None:
-                self.written[self._abs(target.text)] = stdin
+                self.written[self.absolute(target.text)] = stdin
             elif name in ("echo", "printf"):
-                self.written[self._abs(target.text)] = " ".join(a.text for a in args[1:])
+                self.written[self.absolute(target.text)] = " ".join(a.text for a in args[1:])
 
     # -- effects checked against the policy
 
-    def _abs(self, text: str) -> str:
+    def absolute(self, text: str) -> str:
+        """A path as written, made absolute against the walk's current directory."""
         return os.path.normpath(os.path.join(self.cwd, os.path.expanduser(text)))
 
-    def _concrete(self, arg: Arg) -> list[str]:
+    def concrete(self, arg: Arg) -> list[str]:
+        """The paths an argument names: itself, a glob's matches (capped), or none for a dynamic value."""
         if arg.kind == "static":
             return [arg.text]
         if arg.kind == "glob":
-            matches = list(islice(_glob.iglob(self._abs(arg.text)), MAX_GLOB_MATCHES + 1))
+            matches = list(islice(_glob.iglob(self.absolute(arg.text)), MAX_GLOB_MATCHES + 1))
             return matches or [arg.text]
         return []
 
     def _too_wide(self, arg: Arg) -> bool:
         """A glob with more matches than we list: check it like a run-time value instead."""
-        return arg.kind == "glob" and len(self._concrete(arg)) > MAX_GLOB_MATCHES
+        return arg.kind == "glob" and len(self.concrete(arg)) > MAX_GLOB_MATCHES
 
     def write(self, arg: Arg, how: str, recursive: bool = False, strict: bool = False):
-        for path in self._concrete(arg):
+        for path in self.concrete(arg):
             problem = self.policy.write_problem(path, self.cwd, strict=strict)
-            if problem is None and (recursive or os.path.isdir(self._abs(path))):
+            if problem is None and (recursive or os.path.isdir(self.absolute(path))):
                 problem = self.policy.covers_problem(path, self.cwd)
             if problem:
                 raise Denied(f"{how} would modify a protected path: {problem}")
@@ -287,7 +291,7 @@ class ShellGuard:
                              f"could be {hit}. Use a literal path outside the protected files.")
 
     def read(self, arg: Arg, recursive: bool = False):
-        for path in self._concrete(arg):
+        for path in self.concrete(arg):
             problem = self.policy.read_problem(path, self.cwd)
             if problem is None and recursive:
                 problem = self.policy.covers_hidden_problem(path, self.cwd)
@@ -306,7 +310,7 @@ class ShellGuard:
         """`how` swaps a new file in by rename (sed -i, perl -i, mv). On an editable file that fails inside
         Claude Code's sandbox, which makes only the file itself writable, not its folder ("cannot rename ...:
         Device or resource busy"): say what works instead."""
-        for path in self._concrete(arg):
+        for path in self.concrete(arg):
             if self.policy.is_editable(path, self.cwd):
                 name = os.path.basename(path)
                 raise Denied(f"{how} replaces {name} by renaming a new file over it, which fails inside the "
@@ -345,8 +349,10 @@ class ShellGuard:
 
     # -- dispatch
 
-    def _dispatch(self, args: list, stdin: Optional[str], env: dict):
-        is_cd = _literal_text(args[0]) in ("cd", "pushd")
+    def dispatch(self, args: list, stdin: Optional[str], env: dict):
+        """Check one simple command (wrappers unwrapped, then its handler); the handlers call it for a
+        command they run in turn (find -exec)."""
+        is_cd = literal_text(args[0]) in ("cd", "pushd")
         saved_cwd = self.cwd          # env -C, git -C: the directory changes for one command only
         try:
             unwrapped = self._unwrap(args, stdin, env)
@@ -357,7 +363,7 @@ class ShellGuard:
                 for a in args[1:]:
                     self.mention(a)
                     self._generic_read(a)
-            handler = _HANDLERS.get(name)
+            handler = HANDLERS.get(name)
             if handler is not None:
                 handler(self, args, stdin, env)
         finally:
@@ -390,7 +396,7 @@ class ShellGuard:
                     self.aliases[head.text] = alias
                 return None
             name = _normalize(os.path.basename(head.text))
-            wrapper = _WRAPPERS.get(name)
+            wrapper = WRAPPERS.get(name)
             if wrapper is None:
                 return name, args
             args = wrapper(self, args, stdin, env)
@@ -401,7 +407,7 @@ class ShellGuard:
         # or reads as a person's loopwright command (`$(which loopwright) approve 3`).
         _human_words(args[0], args[1:])
         for a in args[1:]:
-            for path in self._concrete(a):
+            for path in self.concrete(a):
                 problem = self.policy.write_problem(path, self.cwd)
                 if problem:
                     raise Denied(f"the command name {args[0].text!r} is not known before it runs and it is "
@@ -409,16 +415,17 @@ class ShellGuard:
 
     # -- interpreters
 
-    def _python(self, args: list, stdin: Optional[str]):
+    def python_command(self, args: list, stdin: Optional[str]):
+        """`python ...`: -c code, -m module (loopwright's own refused), stdin, or a script file."""
         opts, pos = parse_opts(args[1:], short_val="cmWXQ", first_positional_stops=True)
-        code = _vals(opts, "-c")
+        code = option_values(opts, "-c")
         if code:
             self.script(code[0].text, "python", "python -c")
             return
-        if _has(opts, "-m"):
-            module = _vals(opts, "-m")
+        if has_option(opts, "-m"):
+            module = option_values(opts, "-m")
             if module and module[0].text.split(".")[0] == "mcp_server":
-                _loopwright_cli(module[0].text, pos)
+                loopwright_cli(module[0].text, pos)
             elif any("mcp_server" in a.text for a in pos):      # python -m runpy mcp_server.cli ...
                 raise Denied(f"python -m {module[0].text if module else ''} is given loopwright's own code "
                              "(mcp_server); use the loopwright MCP tools instead")
@@ -426,9 +433,9 @@ class ShellGuard:
         if not pos or pos[0].text == "-":
             self.code_on_stdin(stdin, "python", "python")
             return
-        self._script_file(pos[0], pos[1:], "python", stdin)
+        self.script_file(pos[0], pos[1:], "python", stdin)
 
-    def _script_file(self, path_arg: Arg, rest: list, lang: str, stdin: Optional[str] = None):
+    def script_file(self, path_arg: Arg, rest: list, lang: str, stdin: Optional[str] = None):
         """An interpreter running a file: look inside it unless it is the editable file."""
         if path_arg.kind != "static":
             _human_words(path_arg, rest)          # python "$(which loopwright)" approve 3
@@ -443,7 +450,7 @@ class ShellGuard:
                 raise Denied(frozen)
             if self.policy.write_problem(path_arg.text, self.cwd) is not None:
                 return    # another frozen file run as a script; nothing the agent wrote
-            text = self._file_text(path_arg)
+            text = self.file_text(path_arg)
         if lang == "sh":
             self.shell_text(text)
         else:
@@ -466,7 +473,7 @@ def _initial_vars(cwd: str) -> dict:
 
 
 def _is_assignment(word: Word) -> bool:
-    return bool(word.parts) and word.parts[0][0] == "lit" and bool(_ASSIGN.match(word.parts[0][1]))
+    return bool(word.parts) and word.parts[0][0] == "lit" and bool(ASSIGNMENT.match(word.parts[0][1]))
 
 
 def _literal(word: Word) -> Optional[str]:

@@ -5,20 +5,20 @@ from __future__ import annotations
 import shlex
 from typing import TYPE_CHECKING, Callable
 
-from mcp_server.guard.shell.args import _ASSIGN, Arg, _opt_index, _vals, parse_opts
+from mcp_server.guard.shell.args import ASSIGNMENT, Arg, operand_index, option_values, parse_opts
 
 if TYPE_CHECKING:
     from mcp_server.guard.shell.walker import ShellGuard
 
 def _w_skip(with_value: set, fixed: int = 0):
     def wrap(g: ShellGuard, args, stdin, env):
-        i = _opt_index(args, with_value) + fixed
+        i = operand_index(args, with_value) + fixed
         return args[i:]
     return wrap
 
 
 def _w_sudo(g: ShellGuard, args, stdin, env):
-    i = _opt_index(args, {"-u", "-g", "-C", "-p", "-r", "-t", "-U", "-h", "-D", "-R", "-T"})
+    i = operand_index(args, {"-u", "-g", "-C", "-p", "-r", "-t", "-U", "-h", "-D", "-R", "-T"})
     flags = {a.text for a in args[1:i]}
     if i >= len(args) and ("-s" in flags or "-i" in flags):
         g.code_on_stdin(stdin, "sh", "sudo -s")
@@ -32,17 +32,17 @@ def _w_env(g: ShellGuard, args, stdin, env):
         if t in ("-u", "--unset") and i + 1 < len(args):
             i += 2
         elif t in ("-C", "--chdir") and i + 1 < len(args):
-            g.cwd = g._abs(args[i + 1].text)
+            g.cwd = g.absolute(args[i + 1].text)
             i += 2
         elif t.startswith("--chdir="):
-            g.cwd = g._abs(t.partition("=")[2])
+            g.cwd = g.absolute(t.partition("=")[2])
             i += 1
         elif t in ("-S", "--split-string") and i + 1 < len(args):
             g.shell_text(args[i + 1].text + " " + " ".join(shlex.quote(a.text) for a in args[i + 2:]))
             return []
         elif t.startswith("-") and t != "-":
             i += 1
-        elif m := _ASSIGN.match(t):
+        elif m := ASSIGNMENT.match(t):
             env[m.group(1)] = t.partition("=")[2]
             i += 1
         else:
@@ -53,15 +53,15 @@ def _w_env(g: ShellGuard, args, stdin, env):
 def _w_command(g: ShellGuard, args, stdin, env):
     if any(a.text in ("-v", "-V") for a in args[1:2]):
         return []                     # lookup only
-    return args[_opt_index(args, set()):]
+    return args[operand_index(args, set()):]
 
 
 def _w_exec(g: ShellGuard, args, stdin, env):
-    return args[_opt_index(args, {"-a"}):]
+    return args[operand_index(args, {"-a"}):]
 
 
 def _w_timeout(g: ShellGuard, args, stdin, env):
-    i = _opt_index(args, {"-s", "-k", "--signal", "--kill-after"})
+    i = operand_index(args, {"-s", "-k", "--signal", "--kill-after"})
     return args[i + 1:]               # skip DURATION
 
 
@@ -81,7 +81,7 @@ def _w_run(g: ShellGuard, args, stdin, env):
     """uv run / poetry run / pipenv run / pdm run / hatch run / conda run: the command follows."""
     if len(args) < 2 or args[1].text != "run":
         return []
-    i = _opt_index(args, {"--with", "--python", "-p", "--project", "--directory", "-n", "--name",
+    i = operand_index(args, {"--with", "--python", "-p", "--project", "--directory", "-n", "--name",
                           "--prefix", "--env", "-e", "--extra", "--group", "--env-file"}, start=2)
     rest = args[i:]
     if rest and rest[0].kind == "static" and rest[0].text.endswith(".py"):
@@ -98,7 +98,7 @@ def _w_dash_c(g: ShellGuard, args, stdin, env):
 
 
 def _w_watch(g: ShellGuard, args, stdin, env):
-    rest = args[_opt_index(args, {"-n", "--interval", "-d", "--differences"}):]
+    rest = args[operand_index(args, {"-n", "--interval", "-d", "--differences"}):]
     g.shell_text(" ".join(a.text for a in rest))      # watch runs its arguments through sh -c
     return []
 
@@ -108,13 +108,13 @@ def _w_flock(g: ShellGuard, args, stdin, env):
         if a.text in ("-c", "--command"):
             g.shell_text(args[i + 1].text)
             return []
-    return args[_opt_index(args, {"-w", "--timeout", "-E", "--conflict-exit-code"}) + 1:]   # skip the lock file
+    return args[operand_index(args, {"-w", "--timeout", "-E", "--conflict-exit-code"}) + 1:]   # skip the lock file
 
 
 def _w_xargs(g: ShellGuard, args, stdin, env):
     """xargs CMD...: CMD gets extra arguments we cannot see; model them as one unknown path."""
     opts, pos = parse_opts(args[1:], short_val="IadELnPsS", first_positional_stops=True)
-    repl = _vals(opts, "-I", "--replace")
+    repl = option_values(opts, "-I", "--replace")
     if not pos:
         return []
     if repl:
@@ -135,7 +135,7 @@ def _w_strace(g: ShellGuard, args, stdin, env):
     return args[i:]
 
 
-_WRAPPERS: dict[str, Callable] = {
+WRAPPERS: dict[str, Callable] = {
     "sudo": _w_sudo, "doas": _w_sudo, "env": _w_env, "command": _w_command, "builtin": _w_skip(set()),
     "exec": _w_exec, "nohup": _w_skip(set()), "nice": _w_skip({"-n", "--adjustment"}),
     "ionice": _w_skip({"-c", "-n", "-p", "-t"}), "setsid": _w_skip(set()), "unbuffer": _w_skip(set()),
