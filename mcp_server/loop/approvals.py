@@ -194,10 +194,11 @@ class Approvals:
         return None if hours is None else now + hours * 3600
 
     def hold_keep(self, c: dict, exp: dict, v, samples: list[float], best_mean: float, sig: float,
-                  approved_by_person: Optional[Approved] = None):
-        """Called by Engine.score() for a keep verdict. Under approve-keeps/-runs: the change waits as a
-        pending approval and (verdict, next_step) for the agent come back; otherwise None (keep as usual:
-        also for a person's re-measure, approved_by_person, whose bytes score() has checked)."""
+                  approved_by_person: Optional[Approved] = None, reset_tree: bool = True):
+        """Called for a keep verdict (loop/outcome.py keep, from both loops). Under approve-keeps/-runs: the
+        change waits as a pending approval and (verdict, next_step) for the agent come back; otherwise None
+        (keep as usual: also for a person's re-measure, approved_by_person, whose bytes score() has checked).
+        reset_tree=False (the asynchronous loop): the working tree holds the agent's next edit; it stays."""
         if self.mode == "closed" or approved_by_person is not None:
             return None
         ws, led = self.ws, self.ledger
@@ -219,7 +220,8 @@ class Approvals:
         reason = f"{v.reason}; kept by the verifier, waits for a person (approval #{aid})"
         for r in [exp] + led.confirm_runs(exp["id"]):
             led.update_experiment(r["id"], verdict="pending_approval", verdict_reason=reason)
-        gitops.reset_to(ws.root, c["best_commit"])
+        if reset_tree:
+            gitops.reset_to(ws.root, c["best_commit"])
         led.add_event(c["id"], "approval_requested", {**payload, "approval_id": aid, "kind": "keep",
                                                       "branch": row["branch"], "expires_at": row["expires_at"]},
                       sinks_for(ws.cfg))
@@ -238,17 +240,10 @@ class Approvals:
         it (returns the ExperimentResult for the agent) or returns the approved run to start (an Approved: the
         engine runs its commit, not the working tree); else None (run the working tree as usual)."""
         led, ws = self.ledger, self.ws
-        self.expire_due()
         if approved_by_person is not None:
+            self.expire_due()
             return approved_by_person
-        ready = [a for a in led.approvals(c["id"], statuses=("approved",), kind="keep")
-                 if a["base_commit"] == c["best_commit"]]
-        if ready and gitops.head_sha(ws.root) == c["best_commit"]:   # git only when something is to be applied
-            try:
-                self.move_best(c, ready[0])
-            except Tampered:
-                pass       # refused and recorded; the agent's own run goes on
-            c = led.campaign(c["id"])
+        c = self.apply_ready(c)
         if self.mode != "approve-runs" or confirm_of is not None:
             return None
         src, best_src = self.eng.editable_source(), self.eng.committed_source(c["best_commit"])
@@ -287,6 +282,21 @@ class Approvals:
             next_step=(f"Autonomy is approve-runs: a person sees each change before it runs. This one waits as "
                        f"approval #{a['id']} (saved on branch {a['branch']}); train.py is back at the best. Nothing "
                        "ran. You may stop now: once it is approved, run_experiment with train.py unchanged runs it."))
+
+    def apply_ready(self, c: dict) -> dict:
+        """Before new work (run_experiment, submit_experiment; the caller holds the engine lock): expire
+        overdue approvals and apply an approved keep that sits on the best (the best moves to it, an agent's
+        uncommitted edit is carried over). Returns the campaign as it is now."""
+        self.expire_due()
+        ready = [a for a in self.ledger.approvals(c["id"], statuses=("approved",), kind="keep")
+                 if a["base_commit"] == c["best_commit"]]
+        if ready and gitops.head_sha(self.ws.root) == c["best_commit"]:   # git only when something is to be applied
+            try:
+                self.move_best(c, ready[0])
+            except Tampered:
+                pass       # refused and recorded; the agent's own work goes on
+            c = self.ledger.recorded_campaign(c["id"])
+        return c
 
     # -- deciding ----------------------------------------------------------------------------------------
     def close_undone(self, a: dict, why: str) -> None:

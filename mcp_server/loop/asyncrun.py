@@ -22,7 +22,10 @@ Rules:
   the others are marked interrupted and re-queued once. Only a driver (submit / wait / the server) does
   this, at its first settle: opening the workspace (read-only commands, `loopwright status`) leaves them
   in flight.
-- Autonomy other than `closed` is refused (a person's approval holds a synchronous cycle).
+- Autonomy approve-keeps works as on the synchronous path (loop/outcome.py keep): a keep verdict is held
+  for a person (the best does not move, the working tree stays the agent's); an approved keep is applied
+  at the next submission (or by `loopwright approve --apply`). approve-runs is refused: a person sees each
+  change before it runs, which a queue of submissions cannot wait for.
 """
 from __future__ import annotations
 
@@ -31,20 +34,18 @@ import json
 import statistics
 import threading
 import time
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from mcp_server.common.locks import FileLock, HeldLock
 from mcp_server.executors.base import OUTCOME_NAME, Executor, ExecutorError, RunOutcome, RunSpec
 from mcp_server.executors.factory import make_executor
 from mcp_server.executors.workcopy import sha256_of
-from mcp_server.loop import gitops, integrity, sandbox, targets, verdict
+from mcp_server.loop import gitops, integrity, outcome, sandbox, targets, verdict
 from mcp_server.loop import text as textmod
+from mcp_server.loop.approvals import Approvals
 from mcp_server.loop.errors import LoopError
 from mcp_server.loop.models import AsyncResult, Change, SubmitResult, WaitResult
-from mcp_server.loop.workspace import sinks_for
-
-if TYPE_CHECKING:
-    from mcp_server.loop.engine import Engine
+from mcp_server.loop.outcome import LoopEngine  # Engine, as this module uses it (no import of engine.py)
 
 FAILED = ("crash", "timeout", "rejected", "interrupted")
 MAX_ATTEMPTS = 2          # a lost run is re-queued once
@@ -125,7 +126,7 @@ _DRIVERS: dict[str, Driver] = {}
 _DRIVERS_LOCK = threading.Lock()
 
 
-def driver_for(eng: "Engine", create: bool = True) -> Optional[Driver]:
+def driver_for(eng: LoopEngine, create: bool = True) -> Optional[Driver]:
     """This process's driver for the workspace (made on first use: the executor is connected, what a dead
     driver left in flight is reconciled). LoopError when another process drives it or the executor fails."""
     key = str(eng.ws.state_dir)
@@ -154,7 +155,7 @@ def driver_for(eng: "Engine", create: bool = True) -> Optional[Driver]:
     return drv
 
 
-def close_driver(eng: "Engine") -> None:
+def close_driver(eng: LoopEngine) -> None:
     """Stop this process's driver of the workspace (what is in flight is cancelled; a later driver
     reconciles it)."""
     with _DRIVERS_LOCK:
@@ -163,7 +164,7 @@ def close_driver(eng: "Engine") -> None:
         drv.close()
 
 
-def driver_alive_elsewhere(eng: "Engine") -> bool:
+def driver_alive_elsewhere(eng: LoopEngine) -> bool:
     """True when some driver (this process's or another's) holds the workspace's driver lock."""
     if str(eng.ws.state_dir) in _DRIVERS:
         return True
@@ -179,7 +180,7 @@ def driver_alive_elsewhere(eng: "Engine") -> bool:
 AUX_DATA = ("meta.json", "token_bytes.npy", "tokenizer.json", "peak_flops.json")
 
 
-def data_manifest(eng: "Engine", c: dict) -> dict[str, str]:
+def data_manifest(eng: LoopEngine, c: dict) -> dict[str, str]:
     """{file: sha256} of the data a run needs: the splits as the pinned loopwright.lock records them, and
     the small files that describe them (meta.json -- which itself lists the splits' hashes -- the tokenizer
     files) as they are in the state directory."""
@@ -192,7 +193,7 @@ def data_manifest(eng: "Engine", c: dict) -> dict[str, str]:
     return out
 
 
-def spec_for(eng: "Engine", c: dict, row: dict) -> RunSpec:
+def spec_for(eng: LoopEngine, c: dict, row: dict) -> RunSpec:
     """A run of row's commit on row's seed, everything by content."""
     root, pinned = eng.ws.root, c["pinned_commit"]
     if eng.ws.cfg.target is not None:
@@ -210,7 +211,7 @@ def spec_for(eng: "Engine", c: dict, row: dict) -> RunSpec:
                    label=f"#{row['id']} {row['role']} seed {row['seed']}")
 
 
-def _target_spec(eng: "Engine", pinned: str, row: dict) -> RunSpec:
+def _target_spec(eng: LoopEngine, pinned: str, row: dict) -> RunSpec:
     """A target's run by content: the editable files of row's commit, every other pinned file, the hidden
     files (checked against the pinned lock) for the evaluator alone."""
     root = eng.ws.root
@@ -223,7 +224,7 @@ def _target_spec(eng: "Engine", pinned: str, row: dict) -> RunSpec:
                    target=True, hidden=targets.hidden_files(eng.ws, pinned))
 
 
-def _queue_row(eng: "Engine", drv: Optional[Driver], c: dict, row_id: int, attempt: int = 1) -> None:
+def _queue_row(eng: LoopEngine, drv: Optional[Driver], c: dict, row_id: int, attempt: int = 1) -> None:
     if drv is None:
         raise LoopError("no driver to queue runs on")
     row = eng.ledger.experiment(row_id)
@@ -232,7 +233,7 @@ def _queue_row(eng: "Engine", drv: Optional[Driver], c: dict, row_id: int, attem
     drv.enqueue(spec_for(eng, c, row))
 
 
-def _room(eng: "Engine", c: dict) -> Optional[int]:
+def _room(eng: LoopEngine, c: dict) -> Optional[int]:
     """Runs the budget still allows, counting those in flight (None: no limit)."""
     cap = eng.ws.cfg.budget.max_experiments
     if cap is None:
@@ -241,7 +242,7 @@ def _room(eng: "Engine", c: dict) -> Optional[int]:
     return cap - used - eng.ledger.count_running(c["id"])
 
 
-def _reference_rows(eng: "Engine", c: dict, seeds: list[int]) -> dict[int, int]:
+def _reference_rows(eng: LoopEngine, c: dict, seeds: list[int]) -> dict[int, int]:
     """seed -> a run of the best on it (a recorded ok one, or one in flight), for the seeds that have one."""
     have = {s: r["id"] for s, r in eng.reference_runs(c).items()}
     for r in eng.ledger.running_runs_of_commit(c["id"], c["best_commit"]):
@@ -249,7 +250,7 @@ def _reference_rows(eng: "Engine", c: dict, seeds: list[int]) -> dict[int, int]:
     return {s: have[s] for s in seeds if s in have}
 
 
-def _start_reference(eng: "Engine", c: dict, seed: int, set_index: Optional[int], why: str, session_id) -> int:
+def _start_reference(eng: LoopEngine, c: dict, seed: int, set_index: Optional[int], why: str, session_id) -> int:
     best_id = c["best_experiment_id"]
     label = f"baseline (seed {seed}, {why})" if best_id is None else f"reference: best #{best_id} on seed {seed} ({why})"
     return eng.ledger.start_experiment(
@@ -258,7 +259,7 @@ def _start_reference(eng: "Engine", c: dict, seed: int, set_index: Optional[int]
         seed=seed, seed_set=set_index, lines_added=0, lines_removed=0)
 
 
-def _plan_candidate(eng: "Engine", drv: Optional[Driver], c: dict, commit: str, description: str,
+def _plan_candidate(eng: LoopEngine, drv: Optional[Driver], c: dict, commit: str, description: str,
                     hypothesis: Optional[str], source_sha: str, session_id,
                     change: Optional[dict] = None) -> tuple[int, list[int], list[int], list[int]]:
     """Rows for a candidate at `commit` (parent: the best now) on the seed set, paired with the best's runs
@@ -285,13 +286,13 @@ def _plan_candidate(eng: "Engine", drv: Optional[Driver], c: dict, commit: str, 
     return cand, runs, new_refs, seeds
 
 
-def first_wave(eng: "Engine", n_seeds: int) -> int:
+def first_wave(eng: LoopEngine, n_seeds: int) -> int:
     """Pairs of the seed set a submission queues at once: all of them (fixed pairs), or min_pairs (adaptive)."""
     noise = eng.ws.cfg.noise
     return n_seeds if noise.pairs == "fixed" else max(1, min(noise.min_pairs, n_seeds))
 
 
-def _next_set_pair(eng: "Engine", c: dict, cand: dict, own: list[dict]) -> Optional[tuple[int, int]]:
+def _next_set_pair(eng: LoopEngine, c: dict, cand: dict, own: list[dict]) -> Optional[tuple[int, int]]:
     """(seed, reference run) of the candidate's seed set it has no pair on yet, if the set is still current."""
     set_index, seeds = eng.seed_set(c)
     if cand["seed_set"] != set_index:
@@ -303,25 +304,27 @@ def _next_set_pair(eng: "Engine", c: dict, cand: dict, own: list[dict]) -> Optio
 
 # -- submit ------------------------------------------------------------------------------------------
 
-def submit(eng: "Engine", description: str, hypothesis: Optional[str] = None, session_id=None,
+def submit(eng: LoopEngine, description: str, hypothesis: Optional[str] = None, session_id=None,
            change: Optional[Change] = None) -> SubmitResult:
     description = textmod.clean(description, textmod.MAX_DESCRIPTION)
     if not description:
         raise LoopError("description is required: say in a few words what this experiment changes")
     hypothesis = textmod.clean(hypothesis, textmod.MAX_DESCRIPTION) if hypothesis else None
-    if eng.ws.cfg.campaign.autonomy != "closed":
-        raise LoopError(f"asynchronous experiments need autonomy = closed (it is {eng.ws.cfg.campaign.autonomy!r}: a "
-                        "person approves each cycle); use run_experiment and score instead")
+    if eng.ws.cfg.campaign.autonomy == "approve-runs":
+        raise LoopError("asynchronous experiments cannot run under autonomy = approve-runs (a person sees each "
+                        "change before it runs); use run_experiment and score instead")
     with eng.exclusive():
         c = eng.campaign
         status = eng.budget(c)
         if status.should_stop:
             raise LoopError(f"the campaign budget is spent ({'; '.join(status.reasons)}); stop here.")
-        eng._integrity(c, "before the submission")
+        eng.check_integrity(c, "before the submission")
         drv = driver_for(eng)            # the executor first: an unreachable cluster records nothing
         assert drv is not None
         settle(eng, drv)
-        c = eng.campaign
+        # approve-keeps: an approved keep on the best is applied first, as run_experiment does (what is in
+        # flight on the old best is rebased at its verdict)
+        c = Approvals(eng).apply_ready(eng.campaign)
         files = {rel: (eng.ws.root / rel).read_bytes() for rel in eng.ws.cfg.paths.editable
                  if (eng.ws.root / rel).is_file()}
         no_baseline = not eng.ledger.baseline_samples(c["id"]) and c["best_experiment_id"] is None
@@ -329,7 +332,7 @@ def submit(eng: "Engine", description: str, hypothesis: Optional[str] = None, se
         identical = src == eng.committed_source(c["best_commit"])
         if no_baseline and identical:
             return _submit_baseline(eng, drv, c, session_id)
-        src = eng._refuse_non_change(c)
+        src = eng.refuse_non_change(c)
         if change is not None:
             eng.check_change(c, change)
         sha = eng.text_sha(src)
@@ -358,7 +361,7 @@ def submit(eng: "Engine", description: str, hypothesis: Optional[str] = None, se
                                        f"again: edit and submit the next idea, or wait(ids=[{cand}])."))
 
 
-def _submit_baseline(eng: "Engine", drv: Driver, c: dict, session_id) -> SubmitResult:
+def _submit_baseline(eng: LoopEngine, drv: Driver, c: dict, session_id) -> SubmitResult:
     running = eng.ledger.running_baseline_runs(c["id"])
     if running:
         raise LoopError(f"the baseline is being measured (runs {[r['id'] for r in running]}); edit train.py and "
@@ -379,7 +382,7 @@ def _submit_baseline(eng: "Engine", drv: Driver, c: dict, session_id) -> SubmitR
 
 # -- recording and deciding ------------------------------------------------------------------------------
 
-def settle(eng: "Engine", drv: Optional[Driver]) -> None:
+def settle(eng: LoopEngine, drv: Optional[Driver]) -> None:
     """Record the outcomes that arrived and decide every submission that can be decided. Under the
     engine's lock (the caller holds it)."""
     if drv is not None and not drv.reconciled:
@@ -393,7 +396,7 @@ def settle(eng: "Engine", drv: Optional[Driver]) -> None:
         _decide(eng, drv, eng.campaign, sub)
 
 
-def record(eng: "Engine", drv: Optional[Driver], out: RunOutcome, interrupted: bool = False) -> None:
+def record(eng: LoopEngine, drv: Optional[Driver], out: RunOutcome, interrupted: bool = False) -> None:
     """One run's outcome into its row (and its logs into the run directory); a lost run is re-queued once."""
     row = eng.ledger.experiment(out.run_id)
     infl = {r["run_id"]: r for r in eng.ledger.inflight()}.get(out.run_id)
@@ -440,39 +443,31 @@ def record(eng: "Engine", drv: Optional[Driver], out: RunOutcome, interrupted: b
                     eng.ledger.set_submission(sub["id"], current_id=new_id)
             _queue_row(eng, drv, c, new_id, attempt + 1)
         return
-    ok = out.status == "ok"
-    metrics = {**{k: v for k, v in out.summary.items() if isinstance(v, (int, float))},
-               "train_wall_s": out.train_wall_s, "eval_wall_s": out.eval_wall_s,
-               "sandboxed": 0 if out.sandbox == "none" else 1, "worker": out.worker}
-    mb = out.summary.get("peak_vram_mb") or out.summary.get("peak_memory_mb")
-    eng.ledger.update_experiment(
-        row["id"], status=out.status if out.status in ("ok", "crash", "timeout", "rejected") else "crash",
-        reason=out.reason or None, finished_at=time.time(), started_at=started, metrics_json=json.dumps(metrics),
-        val_bpb=out.val_bpb if ok else None, test_bpb=out.test_bpb if ok else None, eval_seconds=out.eval_seconds,
-        training_seconds=out.summary.get("training_seconds"), total_seconds=round(out.train_wall_s + out.eval_wall_s, 3),
-        memory_gb=None if mb is None else round(mb / 1024.0, 3),
-        num_steps=None if out.summary.get("num_steps") is None else int(out.summary["num_steps"]),
-        num_params_m=out.summary.get("num_params_M"), log_tail=out.log_tail[-4000:],
-        verdict="baseline" if row["is_baseline"] and ok else None)
+    status = out.status if out.status in ("ok", "crash", "timeout", "rejected") else "crash"
+    outcome.write_run(eng, row["id"], status=status, reason=out.reason, is_baseline=bool(row["is_baseline"]),
+                      summary=out.summary, extra_metrics={"train_wall_s": out.train_wall_s,
+                                                          "eval_wall_s": out.eval_wall_s,
+                                                          "sandboxed": 0 if out.sandbox == "none" else 1,
+                                                          "worker": out.worker},
+                      val_bpb=out.val_bpb, test_bpb=out.test_bpb, eval_seconds=out.eval_seconds,
+                      total_seconds=round(out.train_wall_s + out.eval_wall_s, 3), log_tail=out.log_tail,
+                      started_at=started)
     if out.sandbox == "none":
-        eng.ledger.add_event(c["id"], "unsafe_no_sandbox", {"experiment_id": row["id"], "detail": (
-            "train.py and the evaluator ran without an OS sandbox (--unsafe-no-sandbox); this result is not "
-            "protected against forgery")})
+        outcome.note_unsandboxed(eng, c, row["id"])
 
 
-def _own_runs(eng: "Engine", cand: dict) -> list[dict]:
+def _own_runs(eng: LoopEngine, cand: dict) -> list[dict]:
     return [r for r in [cand] + eng.ledger.confirm_runs(cand["id"]) if r["status"] != "lost"]
 
 
-def _close(eng: "Engine", c: dict, sub: dict, rows: list[dict], kind: str, reason: str) -> None:
+def _close(eng: LoopEngine, c: dict, sub: dict, rows: list[dict], kind: str, reason: str) -> None:
     for r in rows:
         eng.ledger.update_experiment(r["id"], verdict=kind, verdict_reason=reason)
     eng.ledger.set_submission(sub["id"], decided=True)
-    eng._maybe_plateau(c)
-    eng._record_if_budget_spent(c)
+    outcome.after_verdict(eng, c)
 
 
-def _decide(eng: "Engine", drv: Optional[Driver], c: dict, sub: dict) -> None:
+def _decide(eng: LoopEngine, drv: Optional[Driver], c: dict, sub: dict) -> None:
     cand = eng.ledger.experiment(sub["current_id"])
     assert cand is not None
     if cand["is_baseline"]:   # a baseline submission: done when the campaign's baseline runs are
@@ -490,8 +485,7 @@ def _decide(eng: "Engine", drv: Optional[Driver], c: dict, sub: dict) -> None:
         f = failed[0]
         reason = f"run #{f['id']} (seed {f['seed']}) {f['status']}: {f['reason']}"
         _close(eng, c, sub, own, "discard", reason)
-        eng.ledger.add_event(c["id"], "crash", {"experiment_id": f["id"], "status": f["status"], "reason": f["reason"],
-                                                "description": cand["description"]}, sinks_for(eng.ws.cfg))
+        outcome.record_crash(eng, c, f, cand["description"])
         return
     bad_ref = [r for r in refs if r is not None and r["status"] != "ok"]
     if bad_ref:
@@ -502,14 +496,9 @@ def _decide(eng: "Engine", drv: Optional[Driver], c: dict, sub: dict) -> None:
     if cand["parent_commit"] != c["best_commit"]:
         _rebase(eng, drv, c, sub, cand, own)
         return
-    samples = [r["val_bpb"] for r in own if r["status"] == "ok" and r["val_bpb"] is not None]
-    best_mean, _ = eng.best(c)
-    assert best_mean is not None
-    pairs = eng._pairs(cand["id"])
-    sig, _ = eng.sigma_paired(c)
+    j = outcome.judge(eng, c, cand)   # the verdict, as score() computes it
+    v = j.verdict
     noise = eng.ws.cfg.noise
-    n_confirms = sum(r["role"] == "confirm" and r["status"] == "ok" for r in own)
-    v = verdict.decide([p.d for p in pairs], sig, noise, n_planned=noise.baseline_seeds, n_confirms=n_confirms)
     nxt = _next_set_pair(eng, c, cand, own) if v.kind == "retest" and noise.pairs == "adaptive" else None
     room = _room(eng, c)
     if nxt is not None and drv is not None and (room is None or room >= 1):
@@ -528,7 +517,7 @@ def _decide(eng: "Engine", drv: Optional[Driver], c: dict, sub: dict) -> None:
         if drv is not None and (room is None or room >= 2):
             for r in own:
                 eng.ledger.update_experiment(r["id"], verdict="retest", verdict_reason=v.reason)
-            seed = eng._fresh_seeds(c, 1)[0]
+            seed = eng.fresh_seeds(c, 1)[0]
             ref = _start_reference(eng, c, seed, None, f"confirm of #{cand['id']}", cand["session_id"])
             conf = eng.ledger.start_experiment(
                 c["id"], f"confirm #{cand['id']}", hypothesis=cand["hypothesis"], commit_sha=cand["commit_sha"],
@@ -543,12 +532,16 @@ def _decide(eng: "Engine", drv: Optional[Driver], c: dict, sub: dict) -> None:
     for r in own:
         eng.ledger.update_experiment(r["id"], verdict=v.kind, verdict_reason=v.reason)
     if v.kind == "keep":
-        eng._record_keep(c, cand, v, samples, best_mean, sig)
-        _advance_branch(eng, c, cand["commit_sha"])
+        # autonomy approve-keeps: held for a person (the working tree is the agent's: left as it is)
+        held = outcome.keep(eng, c, cand, j, reset_tree=False)
+        if held is not None:
+            v = held[0]
+        else:
+            _advance_branch(eng, c, cand["commit_sha"])
     _close(eng, c, sub, [], v.kind, v.reason)
 
 
-def _advance_branch(eng: "Engine", c: dict, commit: str) -> None:
+def _advance_branch(eng: LoopEngine, c: dict, commit: str) -> None:
     """The branch moves to the kept commit. The working tree follows only where the agent has no pending
     edit (its editable files equal the old best's); otherwise its edit stays, to be submitted as it is."""
     root = eng.ws.root
@@ -562,7 +555,7 @@ def _advance_branch(eng: "Engine", c: dict, commit: str) -> None:
         gitops.update_ref(root, f"refs/heads/{c['branch']}", commit)
 
 
-def _rebase(eng: "Engine", drv: Optional[Driver], c: dict, sub: dict, cand: dict, own: list[dict]) -> None:
+def _rebase(eng: LoopEngine, drv: Optional[Driver], c: dict, sub: dict, cand: dict, own: list[dict]) -> None:
     """The best moved while the candidate ran: merge its change onto the new best and re-measure it."""
     root, best = eng.ws.root, c["best_commit"]
     stale = (f"stale: measured against #{cand['paired_with']}'s version, but the best moved to "
@@ -610,19 +603,19 @@ def _rebase(eng: "Engine", drv: Optional[Driver], c: dict, sub: dict, cand: dict
 
 # -- wait and the view -------------------------------------------------------------------------------
 
-def _note(eng: "Engine", sub_id: int, key: str, value: int) -> None:
+def _note(eng: LoopEngine, sub_id: int, key: str, value: int) -> None:
     k = f"submission:{sub_id}"
     data = json.loads(eng.ledger.kv_get(k) or "{}")
     data.setdefault(key, []).append(value)
     eng.ledger.kv_set(k, json.dumps(data))
 
 
-def result_of(eng: "Engine", sub: dict) -> AsyncResult:
+def result_of(eng: LoopEngine, sub: dict) -> AsyncResult:
     cur = eng.ledger.experiment(sub["current_id"])
     assert cur is not None
     notes = json.loads(eng.ledger.kv_get(f"submission:{sub['id']}") or "{}")
     rows = [r for r in [cur] + eng.ledger.confirm_runs(cur["id"]) if r["status"] != "lost"]
-    pairs = [] if cur["is_baseline"] else eng._pairs(cur["id"])
+    pairs = [] if cur["is_baseline"] else outcome.pairs(eng, cur["id"])
     ok = [r["val_bpb"] for r in rows if r["status"] == "ok" and r["val_bpb"] is not None]
     return AsyncResult(
         experiment_id=sub["id"], current_id=cur["id"], state="decided" if sub["decided_at"] else "running",
@@ -633,7 +626,7 @@ def result_of(eng: "Engine", sub: dict) -> AsyncResult:
         rebased_from=notes.get("rebased_from", []))
 
 
-def wait(eng: "Engine", ids: Optional[list[int]] = None, timeout: float = 600.0) -> WaitResult:
+def wait(eng: LoopEngine, ids: Optional[list[int]] = None, timeout: float = 600.0) -> WaitResult:
     """Block until every experiment in `ids` is decided, or `timeout` seconds passed. ids=None ("any"):
     every decided submission whose verdict no wait() has handed over yet -- also one decided inside
     submit_experiment or state_read -- at once when there is one, else block until one is decided; with
@@ -682,7 +675,7 @@ def wait(eng: "Engine", ids: Optional[list[int]] = None, timeout: float = 600.0)
         drv.wait_for_outcome(min(left, 5.0))
 
 
-def reconcile(eng: "Engine", drv: Optional[Driver]) -> list[int]:
+def reconcile(eng: LoopEngine, drv: Optional[Driver]) -> list[int]:
     """Runs a previous driver left in flight (the caller holds the engine's lock): recorded from their
     outcome.json where they finished, else interrupted (and re-queued once when `drv` is given). Returns
     the run ids handled."""
@@ -706,7 +699,7 @@ def reconcile(eng: "Engine", drv: Optional[Driver]) -> list[int]:
     return done
 
 
-def in_flight_rows(eng: "Engine", c: dict) -> tuple[list[dict], list[int]]:
+def in_flight_rows(eng: LoopEngine, c: dict) -> tuple[list[dict], list[int]]:
     """(runs queued or running, open submissions) for state_read."""
     return (eng.ledger.running_experiments(c["id"]),
             [s["id"] for s in eng.ledger.submissions(c["id"], open_only=True)])

@@ -18,7 +18,7 @@ from typing import Iterator, Mapping, Optional
 from mcp_server.common import procs
 from mcp_server.common.locks import FileLock
 from mcp_server.ledger.store import SeedSet
-from mcp_server.loop import approvals, asyncrun, gitops, integrity, runner, verdict
+from mcp_server.loop import approvals, asyncrun, gitops, integrity, outcome, runner, verdict
 from mcp_server.loop import budget as budgetmod
 from mcp_server.loop import text as textmod
 from mcp_server.loop.change import as_change, check_against
@@ -32,7 +32,6 @@ from mcp_server.loop.models import (
     NoiseInfo,
     NoteResult,
     NoteRow,
-    PairInfo,
     RevertResult,
     ScoreResult,
     StateView,
@@ -44,7 +43,6 @@ from mcp_server.loop.workspace import Workspace, sinks_for
 
 NOTE_KINDS = ("lesson", "dead_end", "idea", "observation")
 STATE_VIEWS = ("summary", "history", "best", "notes", "noise", "tried")
-PLATEAU_EVERY = 10
 # The verdict_reason of an experiment closed because one of its runs was interrupted (the loop was stopped):
 # discarded without a score, and not an "exact repeat" when the same change is run again.
 INTERRUPTED_REASON = "interrupted: "
@@ -143,7 +141,7 @@ class Engine:
         count = self.ledger.campaign_counts(c["id"])["experiments"]
         if cur is None or self._seed_set_stale(cur, count, rotate):
             cur = self.ledger.start_seed_set(c["id"], 0 if cur is None else cur.index + 1,
-                                             self._fresh_seeds(c, n.baseline_seeds), count)
+                                             self.fresh_seeds(c, n.baseline_seeds), count)
         return cur.index, list(cur.seeds)
 
     def _seed_set_stale(self, cur: SeedSet, count: int, rotate: bool) -> bool:
@@ -163,7 +161,7 @@ class Engine:
         have = self.reference_runs(c)
         return k + sum(1 for s in cur.seeds if s not in have)
 
-    def _fresh_seeds(self, c: dict, k: int) -> list[int]:
+    def fresh_seeds(self, c: dict, k: int) -> list[int]:
         """k seeds no run of this campaign has used (experiments and replays)."""
         used = self.ledger.used_seeds(c["id"])
         nxt = max([self.ws.cfg.noise.first_seed - 1, *used]) + 1
@@ -174,7 +172,7 @@ class Engine:
         return {r["seed"]: r for r in self.ledger.runs_of_commit(c["id"], c["best_commit"]) if r["seed"] is not None}
 
     @contextmanager
-    def _tree_at(self, commit: str) -> Iterator[None]:
+    def tree_at(self, commit: str) -> Iterator[None]:
         """The editable files as of `commit` for the duration (the branch does not move); whatever was
         there before (an agent's pending edit, a committed candidate) is put back afterwards."""
         placed = self.files_at(commit)
@@ -199,7 +197,7 @@ class Engine:
         if not missing:
             return out
         best_id = c["best_experiment_id"]
-        with self._tree_at(c["best_commit"]):
+        with self.tree_at(c["best_commit"]):
             for s in missing:
                 label = (f"baseline (seed {s}, {why})" if best_id is None else f"reference: best #{best_id} on seed {s} ({why})")
                 exp = self._execute(c, label, None, c["best_commit"], c["best_commit"], on_progress, session_id,
@@ -393,7 +391,7 @@ class Engine:
                             "Nothing can be run or scored until a human restores the ledger (state.db in "
                             f"{self.ws.state_dir}) from a backup.")
 
-    def _integrity(self, c: dict, when: str) -> None:
+    def check_integrity(self, c: dict, when: str) -> None:
         mism = integrity.check(self.ws, c["pinned_commit"])
         if not mism:
             return
@@ -462,7 +460,7 @@ class Engine:
             status = self.budget(c)
             if status.should_stop:
                 raise LoopError(f"the campaign budget is spent ({'; '.join(status.reasons)}); stop here.")
-            self._integrity(c, "before the run")
+            self.check_integrity(c, "before the run")
             # the autonomy slider: a change held for a person (its result), or the approved run to start
             held = approvals.Approvals(self).before_run(c, confirm_of, approved_by_person)
             if isinstance(held, ExperimentResult):
@@ -472,7 +470,7 @@ class Engine:
             baseline, refs = None, []
             first = not self.ledger.baseline_samples(c["id"])
             if confirm_of is None and not first:
-                self._refuse_non_change(c, bound)   # before the reference runs: a non-change must cost no runs
+                self.refuse_non_change(c, bound)   # before the reference runs: a non-change must cost no runs
             if confirm_of is None:
                 # the reference must have a run on every seed of the (possibly fresh) seed set
                 set_index, seeds = self.seed_set(c, rotate=not first)
@@ -490,7 +488,7 @@ class Engine:
             res.baseline = baseline
             res.reference_runs += len(refs)
             if res.status != "ok":   # an ok run waits for score(): the end is recorded after the keep it may make
-                self._record_if_budget_spent(c)
+                outcome.record_if_budget_spent(self, c)
             return res
 
     def _measure_baseline(self, c: dict, seeds: list[int], set_index: int, on_progress,
@@ -546,7 +544,7 @@ class Engine:
         after = self._tree_files() if commit is None else self.files_at(commit)
         check_against(change, self.files_at(c["best_commit"]).get(rel), after.get(rel), rel)
 
-    def _refuse_non_change(self, c, bound: Optional[approvals.Approved] = None) -> str:
+    def refuse_non_change(self, c, bound: Optional[approvals.Approved] = None) -> str:
         """train.py's source (the working tree's, or the approved commit's), unless it is no real change from
         the best version (then a LoopError saying what it is: identical, comments/whitespace only, or seed only)."""
         src = self.editable_source() if bound is None else self.committed_source(bound.commit, verified=True)
@@ -565,7 +563,7 @@ class Engine:
     def _run_candidate(self, c, description, hypothesis, on_progress, session_id,
                        bound: Optional[approvals.Approved] = None,
                        change: Optional[Change] = None) -> ExperimentResult:
-        src = self._refuse_non_change(c, bound)
+        src = self.refuse_non_change(c, bound)
         if change is not None:
             self.check_change(c, change, None if bound is None else bound.commit)
         sha = self.text_sha(src)
@@ -608,7 +606,7 @@ class Engine:
         assert eid is not None   # a run that ran was recorded
         try:
             for s in seeds[1:]:   # the rest of the seed set, each paired with the reference's run on it
-                if verdict.enough_pairs([p.d for p in self._pairs(eid)], self.sigma_paired(c)[0], noise, len(seeds)):
+                if verdict.enough_pairs([p.d for p in outcome.pairs(self, eid)], self.sigma_paired(c)[0], noise, len(seeds)):
                     res.early_stopped = True   # the verdict is already clear: skip the rest of the seed set
                     break
                 r = self._execute(c, f"{description} [seed {s}]", hypothesis, commit, c["best_commit"],
@@ -626,20 +624,9 @@ class Engine:
             raise
         return self._paired_result(c, eid, res)
 
-    def _pairs(self, exp_id: int) -> list[PairInfo]:
-        out = []
-        for r in [self.ledger.recorded_experiment(exp_id)] + self.ledger.confirm_runs(exp_id):
-            if r["status"] != "ok" or r["val_bpb"] is None or r["paired_with"] is None:
-                continue
-            ref = self.ledger.experiment(r["paired_with"])
-            if ref and ref["status"] == "ok" and ref["val_bpb"] is not None:
-                out.append(PairInfo(seed=r["seed"], candidate=r["val_bpb"], reference=ref["val_bpb"],
-                                    d=round(r["val_bpb"] - ref["val_bpb"], 6), reference_run=ref["id"]))
-        return out
-
     def _paired_result(self, c: dict, eid: int, first: ExperimentResult) -> ExperimentResult:
         """The candidate's result over its pairs: mean val_bpb, mean paired delta."""
-        pairs = self._pairs(eid)
+        pairs = outcome.pairs(self, eid)
         res = first.model_copy()
         res.pairs = pairs
         if pairs:
@@ -675,7 +662,7 @@ class Engine:
             raise LoopError(f"the tree is not at experiment {confirm_of}'s commit (you edited train.py after the "
                             "retest verdict). Call revert(to=%d) to go back to it, then run the confirm." % confirm_of)
         # a fresh seed for BOTH: the reference (best) runs on it first, then the candidate, paired
-        seed = self._fresh_seeds(c, 1)[0]
+        seed = self.fresh_seeds(c, 1)[0]
         refs = self._measure_reference(c, [seed], None, on_progress, session_id, f"confirm of #{confirm_of}")
         ref_id = self.reference_runs(c)[seed]["id"]
         res = self._execute(c, description or f"confirm #{confirm_of}", orig["hypothesis"], orig["commit_sha"],
@@ -707,14 +694,9 @@ class Engine:
             tr = runner.run_training(self.ws, run_dir, seed, on_progress, sources=self.run_tree(commit))
             if tr.status != "ok" and procs.stopping():   # killed by the loop itself on its way out
                 raise Interrupted(f"the loop was stopped during run #{eid} (the run ended: {tr.reason})")
-            fields = dict(training_seconds=tr.summary.get("training_seconds"), total_seconds=round(tr.wall_seconds, 3),
-                          memory_gb=_mem_gb(tr.summary), num_steps=_int(tr.summary.get("num_steps")),
-                          num_params_m=tr.summary.get("num_params_M"), log_tail=tr.log_tail[-4000:])
             status, reason, ev = tr.status, tr.reason, None
-            if tr.sandbox == "none":   # only with the human's --unsafe-no-sandbox: on the record, every time
-                self.ledger.add_event(c["id"], "unsafe_no_sandbox", {"experiment_id": eid, "detail": (
-                    "train.py and the evaluator ran without an OS sandbox (--unsafe-no-sandbox); this result "
-                    "is not protected against forgery")})
+            if tr.sandbox == "none":   # only with the human's --unsafe-no-sandbox
+                outcome.note_unsandboxed(self, c, eid)
             # train.py ran arbitrary code (even if it then crashed): check what it must not touch.
             problems = []
             mism = integrity.check(self.ws, c["pinned_commit"])
@@ -741,12 +723,11 @@ class Engine:
             timing = {"train_wall_s": round(tr.wall_seconds, 3), "eval_wall_s": round(ev.wall_seconds, 3) if ev else 0.0,
                       "harness_s": round(time.monotonic() - t_start - tr.wall_seconds - (ev.wall_seconds if ev else 0.0), 3),
                       "sandboxed": 0 if tr.sandbox == "none" else 1}
-            self.ledger.update_experiment(
-                eid, status=status, reason=reason or None, finished_at=time.time(), metrics_json=json.dumps(
-                    {**{k: v for k, v in tr.summary.items() if isinstance(v, (int, float))}, **timing}),
-                val_bpb=ev.val_bpb if ev and ev.ok else None, test_bpb=ev.test_bpb if ev and ev.ok else None,
-                eval_seconds=ev.eval_seconds if ev else None,
-                verdict="baseline" if is_baseline and status == "ok" else None, **fields)
+            outcome.write_run(
+                self, eid, status=status, reason=reason, is_baseline=is_baseline, summary=tr.summary,
+                extra_metrics=timing, val_bpb=ev.val_bpb if ev and ev.ok else None,
+                test_bpb=ev.test_bpb if ev and ev.ok else None, eval_seconds=ev.eval_seconds if ev else None,
+                total_seconds=round(tr.wall_seconds, 3), log_tail=tr.log_tail)
         except BaseException as e:
             stopped = isinstance(e, (KeyboardInterrupt, Interrupted)) or procs.stopping()
             self.ledger.update_experiment(eid, status="interrupted", finished_at=time.time(), reason=(
@@ -772,22 +753,7 @@ class Engine:
             self.ledger.update_experiment(confirm_of, verdict="discard",
                                           verdict_reason=f"confirm run #{row['id']} failed: {row['reason']}")
         gitops.reset_to(self.ws.root, c["best_commit"])
-        sinks = sinks_for(self.ws.cfg)
-        self.ledger.add_event(c["id"], "crash", {"experiment_id": row["id"], "status": row["status"],
-                                                 "reason": row["reason"], "description": row["description"]}, sinks)
-        # one alert per streak, when it reaches the threshold, with the streak's real length
-        n, streak, first = self._crash_streak_len(), 0, row["id"]
-        for r in self.ledger.recent_non_baseline(c["id"], limit=200):
-            if r["status"] not in ("crash", "timeout", "rejected"):
-                break
-            streak, first = streak + 1, r["id"]
-        if streak >= n and self.ledger.kv_get(f"crash_streak_alerted:{c['id']}") != str(first):
-            self.ledger.kv_set(f"crash_streak_alerted:{c['id']}", str(first))   # the streak's first crash
-            self.ledger.add_event(c["id"], "crash_streak", {"count": streak, "threshold": n,
-                                                            "last_reason": row["reason"]}, sinks)
-
-    def _crash_streak_len(self) -> int:
-        return self.ws.cfg.slack.crash_streak if self.ws.cfg.slack else 3
+        outcome.record_crash(self, c, row)
 
     def _result(self, c: dict, row: dict) -> ExperimentResult:
         best, _ = self.best(c)
@@ -820,7 +786,7 @@ class Engine:
         with self.exclusive():
             c = self.campaign
             exp = self._scorable(c, experiment_id)
-            self._integrity(c, "before scoring")
+            self.check_integrity(c, "before scoring")
             if approved_by_person is not None:
                 try:
                     approvals.Approvals(self).refuse_unbound(c, approved_by_person, exp["commit_sha"], "before an approved keep",
@@ -830,36 +796,26 @@ class Engine:
                         self.ledger.update_experiment(r["id"], verdict="discard", verdict_reason=str(e))
                     gitops.reset_to(self.ws.root, c["best_commit"])
                     raise
-            samples = self._samples(exp["id"])
-            best_mean, n_best = self.best(c)
-            if best_mean is None:
+            if self.best(c)[0] is None:
                 raise LoopError("no baseline yet: call run_experiment first (it measures the baseline)")
-            pairs = self._pairs(exp["id"])
-            sig, _ = self.sigma_paired(c)
+            j = outcome.judge(self, c, exp)   # the verdict, as the asynchronous loop computes it
+            v, samples, pairs, sig, diffs = j.verdict, j.samples, j.pairs, j.sigma, j.diffs
             noise = self.ws.cfg.noise
-            # an experiment recorded before paired verdicts has no pairs: compare with the best's mean
-            diffs = [p.d for p in pairs] or [s - best_mean for s in samples]
-            n_confirms = sum(r["role"] == "confirm" or (r["role"] is None and r["status"] == "ok")
-                             for r in self.ledger.confirm_runs(exp["id"]))
-            v = verdict.decide(diffs, sig, noise, n_planned=noise.baseline_seeds, n_confirms=n_confirms)
             ids = [exp["id"]] + [r["id"] for r in self.ledger.confirm_runs(exp["id"])]
             for i in ids:
                 self.ledger.update_experiment(i, verdict=v.kind, verdict_reason=v.reason)
-            held = (approvals.Approvals(self).hold_keep(c, exp, v, samples, best_mean, sig, approved_by_person)
-                    if v.kind == "keep" else None)
-            if held is not None:   # autonomy approve-keeps: the keep waits on a person (loop/approvals.py)
-                v, nxt = held
-            elif v.kind == "keep":
-                self._record_keep(c, exp, v, samples, best_mean, sig)
-                nxt = "Kept: the branch advanced. Write a note about what worked, then try the next idea."
+            if v.kind == "keep":
+                # autonomy approve-keeps: the keep may wait on a person (loop/approvals.py)
+                held = outcome.keep(self, c, exp, j, approved_by_person)
+                v, nxt = held if held is not None else (
+                    v, "Kept: the branch advanced. Write a note about what worked, then try the next idea.")
             elif v.kind == "retest":
                 nxt = (f"Too close to call. Do not edit train.py; call run_experiment(description='confirm', "
                        f"confirm_of={exp['id']}) to measure it on a fresh seed, then score({exp['id']}) again.")
             else:
                 gitops.reset_to(self.ws.root, c["best_commit"])
                 nxt = "Discarded: train.py is back at the best version. Note the dead end, then try something else."
-            self._maybe_plateau(c)
-            self._record_if_budget_spent(c)
+            outcome.after_verdict(self, c)
             c = self.ledger.recorded_campaign(c["id"])
             best_after, _ = self.best(c)
             lo, hi = verdict.paired_interval(diffs, sig)
@@ -868,29 +824,6 @@ class Engine:
                                best_val_bpb=best_after, best_commit=c["best_commit"][:10], reason=v.reason,
                                pairs=pairs, interval=(round(lo, 6), round(hi, 6)), early_stop=v.early_stop,
                                mde=round(verdict.achieved_mde(sig, noise), 6), next_step=nxt)
-
-    def _record_keep(self, c: dict, exp: dict, v: verdict.Verdict, samples: list[float], previous: float,
-                     sig: float) -> None:
-        """A keep: the best moves to the experiment (the branch is moved by the caller), the keep event."""
-        self.ledger.set_best(c["id"], exp["commit_sha"], exp["id"])
-        base = self.ledger.baseline_samples(c["id"])
-        test = [r["test_bpb"] for r in [exp] + self.ledger.confirm_runs(exp["id"]) if r["test_bpb"]]
-        self.ledger.add_event(c["id"], "keep", {
-            "experiment_id": exp["id"], "commit": exp["commit_sha"], "description": exp["description"],
-            "val_bpb": statistics.fmean(samples), "previous_best": previous,
-            "baseline": statistics.fmean(base) if base else None,
-            "delta_vs_best": statistics.fmean(samples) - previous,
-            "delta_vs_baseline": statistics.fmean(samples) - statistics.fmean(base) if base else None,
-            "sigma": sig, "threshold": v.threshold, "tag": c["tag"], "paired_gain": v.gain,
-            "plot_path": str(self.ws.reports_dir / "progress.png"),
-            "test_bpb": statistics.fmean(test) if test else None,
-            "test_divergence": self._test_divergence(c, exp, samples, test),
-            **self._metric_fields()}, sinks_for(self.ws.cfg))
-
-    def _metric_fields(self) -> dict:
-        """What a notification needs to name a target's metric (and flip a maximised one back)."""
-        t = self.ws.cfg.target
-        return {} if t is None else {"metric": t.metric, "sign": t.sign()}
 
     def _scorable(self, c: dict, experiment_id: Optional[int]) -> dict:
         if experiment_id is None:
@@ -920,20 +853,6 @@ class Engine:
             raise LoopError(f"experiment {exp['id']} is not the current head (it was superseded); only the latest "
                             "experiment can be scored")
         return exp
-
-    def _test_divergence(self, c, exp, samples, test) -> bool:
-        """Flag a keep whose hidden-test gain is much smaller than its validation gain."""
-        base_rows = self.ledger.baseline_runs_with_test(c["id"])
-        if not test or not base_rows:
-            return False
-        val_gain = statistics.fmean(r["val_bpb"] for r in base_rows) - statistics.fmean(samples)
-        test_gain = statistics.fmean(r["test_bpb"] for r in base_rows) - statistics.fmean(test)
-        return val_gain > 0 and test_gain < 0.5 * val_gain - 2 * self.sigma(c)
-
-    def _maybe_plateau(self, c: dict) -> None:
-        since = self.ledger.count_since_best(c["id"])
-        if since and since % PLATEAU_EVERY == 0:
-            self.ledger.add_event(c["id"], "plateau", {"experiments_since_keep": since}, sinks_for(self.ws.cfg))
 
     # -- asynchronous experiments (loop/asyncrun.py, on the executor of the [executor] settings) ----------
     def submit_experiment(self, description: str, hypothesis: Optional[str] = None,
@@ -1081,7 +1000,7 @@ class Engine:
         c = self.campaign
         if self.ledger.count_running(c["id"]) or self.ledger.submissions(c["id"], open_only=True):
             return False
-        self._record_if_budget_spent(c)
+        outcome.record_if_budget_spent(self, c)
         return bool(self.ledger.kv_get(f"budget_spent_notified:{c['id']}"))
 
     def clear_stop_request(self) -> None:
@@ -1093,19 +1012,6 @@ class Engine:
     def recent_experiments(self, limit: int = 10) -> list[dict]:
         """The campaign's latest experiments, newest first."""
         return self.ledger.experiments(self.campaign["id"], limit=limit, newest_first=True)
-
-    def _record_if_budget_spent(self, c: dict) -> None:
-        """After a write (a run recorded, a verdict given): the first time the budget is spent, record the
-        budget_spent event, once. budget() itself only reads."""
-        b = self.budget(c)
-        if b.should_stop and not self.ledger.kv_get(f"budget_spent_notified:{c['id']}"):
-            self.ledger.kv_set(f"budget_spent_notified:{c['id']}", "1")
-            base = self.ledger.baseline_samples(c["id"])
-            end = {"reasons": b.reasons, "tag": c["tag"], "best": self.best(c)[0],
-                   "baseline": statistics.fmean(base) if base else None, **self.ledger.campaign_counts(c["id"])}
-            self.ledger.add_event(c["id"], "budget_spent", end, sinks_for(self.ws.cfg))
-            # the budget is what ends a campaign: announce its end (Jira closes the issue on it)
-            self.ledger.add_event(c["id"], "campaign_end", end, sinks_for(self.ws.cfg))
 
     def state(self, view: str = "summary", limit: int = 20) -> StateView:
         if view not in STATE_VIEWS:
@@ -1201,12 +1107,3 @@ def _experiment_id(value, name: str) -> int:
 
 def _pick(row: dict, model) -> dict:
     return {k: row[k] for k in model.model_fields if k in row}
-
-
-def _mem_gb(summary: dict) -> Optional[float]:
-    mb = summary.get("peak_vram_mb") or summary.get("peak_memory_mb")
-    return None if mb is None else round(mb / 1024.0, 3)
-
-
-def _int(v) -> Optional[int]:
-    return None if v is None else int(v)

@@ -91,11 +91,11 @@ def replay(eng, seeds: int = 3, keeps_only: bool = True, on_run: Optional[Callab
         keeps = eng.ledger.kept_candidates(c["id"])
         if not keeps:
             raise LoopError("nothing to replay: this campaign has no kept experiment yet")
-        eng._integrity(c, "before the replay")
+        eng.check_integrity(c, "before the replay")
         number = eng.ledger.next_replay_number(c["id"])
         out, runs = [], 0
         for keep in keeps:
-            fresh = eng._fresh_seeds(c, seeds)
+            fresh = eng.fresh_seeds(c, seeds)
             pairs = []
             for s in fresh:
                 vals: dict[str, Optional[float]] = {}
@@ -118,7 +118,7 @@ def _run(eng, c: dict, number: int, keep: dict, side: str, commit: str, seed: in
     started = time.time()
     run_dir = eng.ws.runs_dir / f"replay-{number:03d}-{keep['id']:05d}-{side}-{seed}"
     status, val, steps, reason = "crash", None, None, None
-    with eng._tree_at(commit):
+    with eng.tree_at(commit):
         try:
             tr = runner.run_training(eng.ws, run_dir, seed, on_progress, sources=eng.run_tree(commit))
             steps = tr.summary.get("num_steps")

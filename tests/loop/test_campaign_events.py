@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from mcp_server.loop import outcome
 from mcp_server.loop.config import JiraConfig, SlackConfig
 from mcp_server.loop.engine import Engine, LoopError
 from mcp_server.notify.jira import JiraSink
@@ -65,11 +66,11 @@ def test_budget_end_records_campaign_end_and_jira_closes_with_the_real_baseline(
     c = eng.campaign
     for _ in range(3):
         _finish(eng, "crash")
-    eng._record_if_budget_spent(c)
+    outcome.record_if_budget_spent(eng, c)
     assert eng.ledger.events(kind="campaign_end") == []     # budget left: the campaign goes on
     eng.ledger.kv_set("stop_requested", "enough for tonight")   # what `/loopwright stop` records
-    eng._record_if_budget_spent(c)
-    eng._record_if_budget_spent(c)                       # once, however often it is checked
+    outcome.record_if_budget_spent(eng, c)
+    outcome.record_if_budget_spent(eng, c)                       # once, however often it is checked
     [end] = eng.ledger.events(kind="campaign_end")
     assert end["payload"]["baseline"] == pytest.approx(2.01)
     assert end["payload"]["reasons"] == ["stop requested: enough for tonight"]

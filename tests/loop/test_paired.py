@@ -287,7 +287,7 @@ def test_demo_seed_picks_the_campaigns_training_seeds(tmp_path, small_corpus):
         c = eng.campaign
         assert eng.seed_set(c) == (0, [3001, 3002])
         eng.ledger.start_experiment(c["id"], "a run", seed=3002, status="ok")
-        assert eng._fresh_seeds(c, 2) == [3003, 3004]
+        assert eng.fresh_seeds(c, 2) == [3003, 3004]
     other = make_workspace(tmp_path / "other", small_corpus)
     with Engine(other.root) as eng:
         assert eng.seed_set(eng.campaign)[1] == [1001, 1002]

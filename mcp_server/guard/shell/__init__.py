@@ -5,7 +5,8 @@ that text the way bash would (lexer.py: quotes, escapes, $(...), backticks, here
 redirections, ;, &&, ||, |, subshells), expands what can be known in advance
 (walker.py: literal words, variables assigned earlier in the same command, ~, {a,b},
 globs against the real filesystem), and checks every file the command would touch
-against the workspace policy (commands.py, wrappers.py, git.py). Commands that run
+against the workspace policy (commands.py, wrappers.py, git.py; they call back into the
+walker through the Walk protocol of handlers.py, not by importing it). Commands that run
 other code (bash -c, eval, python -c, heredocs fed to an interpreter, xargs, find -exec)
 are followed into that code.
 

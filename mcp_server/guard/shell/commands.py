@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-from typing import TYPE_CHECKING, Callable
 
 from mcp_server.guard.shell.args import (
     ASSIGNMENT,
@@ -16,9 +15,7 @@ from mcp_server.guard.shell.args import (
     parse_opts,
 )
 from mcp_server.guard.shell.git import handle_git
-
-if TYPE_CHECKING:
-    from mcp_server.guard.shell.walker import ShellGuard
+from mcp_server.guard.shell.handlers import Handler, Walk
 
 _EDITORS = {"vi", "vim", "nvim", "view", "nano", "emacs", "ed", "ex", "pico", "micro", "joe", "kak", "hx"}
 _COMPRESSORS = {"gzip", "gunzip", "bzip2", "bunzip2", "xz", "unxz", "zstd", "unzstd", "lz4", "lzma",
@@ -26,7 +23,7 @@ _COMPRESSORS = {"gzip", "gunzip", "bzip2", "bunzip2", "xz", "unxz", "zstd", "unz
 _FIND_EXPR_STARTS = ("-", "(", "!", ")")
 
 
-def _h_cd(g: ShellGuard, args, stdin, env):
+def _h_cd(g: Walk, args, stdin, env):
     pos = [a for a in args[1:] if not a.text.startswith("-")]
     if not pos:
         g.cwd = os.path.expanduser("~")
@@ -34,14 +31,14 @@ def _h_cd(g: ShellGuard, args, stdin, env):
         g.cwd = g.absolute(pos[0].text)
 
 
-def _h_export(g: ShellGuard, args, stdin, env):
+def _h_export(g: Walk, args, stdin, env):
     for a in args[1:]:
         m = ASSIGNMENT.match(a.text)
         if m:
             g.vars[m.group(1)] = a.text.partition("=")[2] if a.kind == "static" else None
 
 
-def _h_delete(g: ShellGuard, args, stdin, env):
+def _h_delete(g: Walk, args, stdin, env):
     opts, pos = parse_opts(args[1:])
     recursive = has_option(opts, "-r", "-R", "--recursive")
     for a in pos:
@@ -49,14 +46,14 @@ def _h_delete(g: ShellGuard, args, stdin, env):
 
 
 def _h_writes_all(short_val: str = "", long_val: tuple = ()):
-    def handler(g: ShellGuard, args, stdin, env):
+    def handler(g: Walk, args, stdin, env):
         opts, pos = parse_opts(args[1:], short_val=short_val, long_val=long_val)
         for a in pos:
             g.write(a, f"{literal_text(args[0])} {a.shown}")
     return handler
 
 
-def _h_chmod(g: ShellGuard, args, stdin, env):
+def _h_chmod(g: Walk, args, stdin, env):
     name = literal_text(args[0])
     rest = args[1:]
     recursive = any(a.text in ("-R", "--recursive") for a in rest)
@@ -70,7 +67,7 @@ def _h_chmod(g: ShellGuard, args, stdin, env):
 
 
 def _h_copy(move: bool):
-    def handler(g: ShellGuard, args, stdin, env):
+    def handler(g: Walk, args, stdin, env):
         name = literal_text(args[0])
         opts, pos = parse_opts(args[1:], short_val="tSmog" if name == "install" else "tS",
                                long_val=("--target-directory", "--suffix", "--mode", "--owner", "--group"))
@@ -107,7 +104,7 @@ def _h_copy(move: bool):
     return handler
 
 
-def _h_ln(g: ShellGuard, args, stdin, env):
+def _h_ln(g: Walk, args, stdin, env):
     # Both ends count: a link (hard or symbolic) to a frozen file is a way to write it later.
     opts, pos = parse_opts(args[1:], short_val="tS", long_val=("--target-directory", "--suffix"))
     tdir = option_values(opts, "-t", "--target-directory")
@@ -117,7 +114,7 @@ def _h_ln(g: ShellGuard, args, stdin, env):
         g.write(pos[0].derive(os.path.basename(pos[0].text)), "ln into the current directory")
 
 
-def _h_rsync(g: ShellGuard, args, stdin, env):
+def _h_rsync(g: Walk, args, stdin, env):
     opts, pos = parse_opts(args[1:], short_val="efT", long_val=("--exclude", "--include", "--filter",
                                                                "--temp-dir", "--backup-dir", "--rsh"))
     if len(pos) < 2:
@@ -130,13 +127,13 @@ def _h_rsync(g: ShellGuard, args, stdin, env):
         g.write(dest, f"rsync to {dest.shown}", recursive=True)
 
 
-def _h_dd(g: ShellGuard, args, stdin, env):
+def _h_dd(g: Walk, args, stdin, env):
     for a in args[1:]:
         if a.text.startswith("of="):
             g.write(a.derive(a.text[3:]), "dd of=")
 
 
-def _h_tee(g: ShellGuard, args, stdin, env):
+def _h_tee(g: Walk, args, stdin, env):
     opts, pos = parse_opts(args[1:])
     for a in pos:
         g.write(a, f"tee {a.shown}")
@@ -144,19 +141,19 @@ def _h_tee(g: ShellGuard, args, stdin, env):
             g.written[g.absolute(a.text)] = stdin
 
 
-def _h_truncate(g: ShellGuard, args, stdin, env):
+def _h_truncate(g: Walk, args, stdin, env):
     opts, pos = parse_opts(args[1:], short_val="sr", long_val=("--size", "--reference"))
     for a in pos:
         g.write(a, f"truncate {a.shown}")
 
 
-def _h_touch(g: ShellGuard, args, stdin, env):
+def _h_touch(g: Walk, args, stdin, env):
     opts, pos = parse_opts(args[1:], short_val="dtr", long_val=("--date", "--reference", "--time"))
     for a in pos:
         g.write(a, f"touch {a.shown}")
 
 
-def _h_sed(g: ShellGuard, args, stdin, env):
+def _h_sed(g: Walk, args, stdin, env):
     opts, pos = parse_opts(args[1:], short_val="efl", long_val=("--expression", "--file", "--line-length"))
     scripts = [v.text for v in option_values(opts, "-e", "--expression")]
     files = pos
@@ -194,7 +191,7 @@ def _sed_in_place(args: list) -> bool:
 
 def _perl_like(lang: str):
     """perl / ruby: -i edits files in place; -e code; otherwise the first positional is a script."""
-    def handler(g: ShellGuard, args, stdin, env):
+    def handler(g: Walk, args, stdin, env):
         code, in_place, i = [], False, 1
         while i < len(args):
             t = args[i].text
@@ -269,15 +266,15 @@ def loopwright_cli(module: str, rest: list):
                      "revert, budget_check, note, suggest_next.")
 
 
-def _h_loopwright(g: ShellGuard, args, stdin, env):
+def _h_loopwright(g: Walk, args, stdin, env):
     loopwright_cli("mcp_server.cli", args[1:])
 
 
-def _h_python(g: ShellGuard, args, stdin, env):
+def _h_python(g: Walk, args, stdin, env):
     g.python_command(args, stdin)
 
 
-def _h_node(g: ShellGuard, args, stdin, env):
+def _h_node(g: Walk, args, stdin, env):
     opts, pos = parse_opts(args[1:], short_val="ep", long_val=("--eval", "--print", "--require", "-r"),
                            first_positional_stops=True)
     code = option_values(opts, "-e", "-p", "--eval", "--print")
@@ -291,7 +288,7 @@ def _h_node(g: ShellGuard, args, stdin, env):
 
 def _h_eval_code(flag: str, lang: str):
     """php -r, lua -e, Rscript -e, deno eval...: a code string after a flag."""
-    def handler(g: ShellGuard, args, stdin, env):
+    def handler(g: Walk, args, stdin, env):
         for i, a in enumerate(args[1:], 1):
             if a.text == flag and i + 1 < len(args):
                 g.script(args[i + 1].text, lang, f"{literal_text(args[0])} {flag}")
@@ -302,7 +299,7 @@ def _h_eval_code(flag: str, lang: str):
     return handler
 
 
-def _h_awk(g: ShellGuard, args, stdin, env):
+def _h_awk(g: Walk, args, stdin, env):
     opts, pos = parse_opts(args[1:], short_val="fvFi", long_val=("--file", "--assign", "--include"))
     progs = [g.file_text(f) for f in option_values(opts, "-f", "--file")]
     files = pos
@@ -315,7 +312,7 @@ def _h_awk(g: ShellGuard, args, stdin, env):
             g.write(a, f"awk -i inplace on {a.shown}")
 
 
-def _h_sh(g: ShellGuard, args, stdin, env):
+def _h_sh(g: Walk, args, stdin, env):
     i = 1
     while i < len(args):
         t = args[i].text
@@ -339,23 +336,23 @@ def _h_sh(g: ShellGuard, args, stdin, env):
         g.code_on_stdin(stdin, "sh", literal_text(args[0]))
 
 
-def _h_alias(g: ShellGuard, args, stdin, env):
+def _h_alias(g: Walk, args, stdin, env):
     for a in args[1:]:
         name, eq, value = a.text.partition("=")
         if eq:
             g.aliases[name] = value
 
 
-def _h_eval(g: ShellGuard, args, stdin, env):
+def _h_eval(g: Walk, args, stdin, env):
     g.shell_text(" ".join(a.text for a in args[1:]))
 
 
-def _h_source(g: ShellGuard, args, stdin, env):
+def _h_source(g: Walk, args, stdin, env):
     if len(args) > 1:
         g.script_file(args[1], args[2:], "sh", stdin)
 
 
-def _h_find(g: ShellGuard, args, stdin, env):
+def _h_find(g: Walk, args, stdin, env):
     i = 1
     while i < len(args) and args[i].text in ("-H", "-L", "-P", "-O0", "-O1", "-O2", "-O3"):
         i += 1
@@ -392,7 +389,7 @@ _SQLITE_VALUE_OPTS = {"-cmd", "-init", "-separator", "-newline", "-nullvalue", "
                      "-mmap", "-pagecache", "-lookaside", "-heap", "-A", "-archive"}
 
 
-def _h_sqlite(g: ShellGuard, args, stdin, env):
+def _h_sqlite(g: Walk, args, stdin, env):
     pos, sql, i = [], [], 1
     while i < len(args):
         t = args[i].text
@@ -413,7 +410,7 @@ def _h_sqlite(g: ShellGuard, args, stdin, env):
         raise Denied("this SQL attaches a file in the loop's state directory; use the state_read tool.")
 
 
-def _h_patch(g: ShellGuard, args, stdin, env):
+def _h_patch(g: Walk, args, stdin, env):
     opts, pos = parse_opts(args[1:], short_val="pioFdDrBVYzg",
                            long_val=("--input", "--output", "--directory", "--strip", "--reject-file"))
     if has_option(opts, "--dry-run", "-C", "--check"):
@@ -435,7 +432,7 @@ def _h_patch(g: ShellGuard, args, stdin, env):
                 g.write(Arg(cand), f"patch of {name}")
 
 
-def _h_apply_patch(g: ShellGuard, args, stdin, env):
+def _h_apply_patch(g: Walk, args, stdin, env):
     text = args[1].text if len(args) > 1 else stdin
     if text is None:
         return
@@ -444,7 +441,7 @@ def _h_apply_patch(g: ShellGuard, args, stdin, env):
         raise Denied(problem)
 
 
-def _h_tar(g: ShellGuard, args, stdin, env):
+def _h_tar(g: Walk, args, stdin, env):
     rest = args[1:]
     if rest and not rest[0].text.startswith("-"):
         rest = [rest[0].derive("-" + rest[0].text)] + rest[1:]     # old style: tar xzf a.tgz
@@ -462,7 +459,7 @@ def _h_tar(g: ShellGuard, args, stdin, env):
                 g.delete(a.derive(os.path.join(where.text, a.text)), "tar --remove-files", recursive=True)
 
 
-def _h_unzip(g: ShellGuard, args, stdin, env):
+def _h_unzip(g: Walk, args, stdin, env):
     opts, pos = parse_opts(args[1:], short_val="dxP")
     if has_option(opts, "-l", "-t", "-v", "-p", "-Z", "-z"):
         return
@@ -470,7 +467,7 @@ def _h_unzip(g: ShellGuard, args, stdin, env):
     g.write(where, f"unzip extracting into {where.shown}", recursive=True)
 
 
-def _h_zip(g: ShellGuard, args, stdin, env):
+def _h_zip(g: Walk, args, stdin, env):
     opts, pos = parse_opts(args[1:], short_val="xibnt")
     if pos:
         g.write(pos[0], f"zip {pos[0].shown}")
@@ -480,7 +477,7 @@ def _h_zip(g: ShellGuard, args, stdin, env):
                 g.delete(a, f"zip -m {a.shown} (deletes it)", recursive=True)
 
 
-def _h_compress(g: ShellGuard, args, stdin, env):
+def _h_compress(g: Walk, args, stdin, env):
     opts, pos = parse_opts(args[1:], short_val="S")
     if has_option(opts, "-c", "--stdout", "-l", "--list", "-t", "--test"):
         return
@@ -489,7 +486,7 @@ def _h_compress(g: ShellGuard, args, stdin, env):
 
 
 def _h_download(out_flags: tuple):
-    def handler(g: ShellGuard, args, stdin, env):
+    def handler(g: Walk, args, stdin, env):
         for i, a in enumerate(args[1:], 1):
             if a.text in out_flags and i + 1 < len(args):
                 g.write(args[i + 1], f"{literal_text(args[0])} {a.shown}")
@@ -498,20 +495,20 @@ def _h_download(out_flags: tuple):
     return handler
 
 
-def _h_sort(g: ShellGuard, args, stdin, env):
+def _h_sort(g: Walk, args, stdin, env):
     opts, pos = parse_opts(args[1:], short_val="otkSTt", long_val=("--output",))
     for v in option_values(opts, "-o", "--output"):
         g.write(v, "sort -o")
 
 
-def _h_second_positional(g: ShellGuard, args, stdin, env):
+def _h_second_positional(g: Walk, args, stdin, env):
     """uniq IN OUT, xxd -r IN OUT: the second positional is written."""
     pos = [a for a in args[1:] if not a.text.startswith("-")]
     if len(pos) >= 2:
         g.write(pos[1], f"{literal_text(args[0])} {pos[1].shown}")
 
 
-HANDLERS: dict[str, Callable] = {
+HANDLERS: dict[str, Handler] = {
     "loopwright": _h_loopwright,
     "cd": _h_cd, "pushd": _h_cd, "export": _h_export, "declare": _h_export, "typeset": _h_export,
     "local": _h_export, "readonly": _h_export,

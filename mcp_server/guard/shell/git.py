@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import os
 import re
-from typing import TYPE_CHECKING, Callable
 
 from mcp_server.guard.shell.args import Denied, has_option, parse_opts
-
-if TYPE_CHECKING:
-    from mcp_server.guard.shell.walker import ShellGuard
+from mcp_server.guard.shell.handlers import GitCheck, Walk
 
 _READONLY_GIT = {
     "status", "diff", "log", "show", "blame", "annotate", "grep", "ls-files", "ls-tree", "cat-file",
@@ -25,7 +22,7 @@ GIT_REASON = ("git {sub} changes the loop's git state. The loop owns git: run_ex
               "Read-only git (status, diff, log, show) is fine.")
 
 
-def handle_git(g: ShellGuard, args, stdin, env):
+def handle_git(g: Walk, args, stdin, env):
     """The handler for `git ...`: in the loop's repository read-only git passes; anything that moves
     the loop's git state is Denied."""
     i, gdir, extra_dirs = 1, g.cwd, []
@@ -65,7 +62,7 @@ def handle_git(g: ShellGuard, args, stdin, env):
             g.write(v, f"git {sub} {n}")
 
 
-def _git_paths_editable(g: ShellGuard, sub: str, paths: list):
+def _git_paths_editable(g: Walk, sub: str, paths: list):
     if not paths:
         raise Denied(GIT_REASON.format(sub=sub))
     for p in paths:
@@ -74,7 +71,7 @@ def _git_paths_editable(g: ShellGuard, sub: str, paths: list):
                          f"{GIT_REASON.format(sub=sub)}")
 
 
-def _git_checkout(g: ShellGuard, sub: str, rest: list):
+def _git_checkout(g: Walk, sub: str, rest: list):
     opts, pos = parse_opts(rest, short_val="bBc", long_val=("--orphan",))
     if has_option(opts, "-b", "-B", "-c", "--orphan", "--detach", "-p", "--patch", "--pathspec-from-file"):
         raise Denied(GIT_REASON.format(sub=sub))
@@ -85,7 +82,7 @@ def _git_checkout(g: ShellGuard, sub: str, rest: list):
         _git_paths_editable(g, sub, pos)   # a non-path (branch, commit) here means switching HEAD
 
 
-def _git_restore(g: ShellGuard, sub: str, rest: list):
+def _git_restore(g: Walk, sub: str, rest: list):
     opts, pos = parse_opts(rest, short_val="s", long_val=("--source",))
     if has_option(opts, "-S", "--staged", "-p", "--patch", "--pathspec-from-file"):
         raise Denied(GIT_REASON.format(sub=sub))
@@ -94,7 +91,7 @@ def _git_restore(g: ShellGuard, sub: str, rest: list):
 
 def _git_listing(*allowed_subs: str, list_flags: tuple = (), bare_lists: bool = True):
     """branch/tag/stash/remote/...: fine while only listing."""
-    def check(g: ShellGuard, sub: str, rest: list):
+    def check(g: Walk, sub: str, rest: list):
         opts, pos = parse_opts(rest)
         if pos and pos[0].text in allowed_subs:
             return
@@ -107,7 +104,7 @@ def _git_listing(*allowed_subs: str, list_flags: tuple = (), bare_lists: bool = 
     return check
 
 
-def _git_config(g: ShellGuard, sub: str, rest: list):
+def _git_config(g: Walk, sub: str, rest: list):
     opts, pos = parse_opts(rest, long_val=("--file", "-f", "--type", "--default"))
     readers = ("--get", "--get-all", "--get-regexp", "--list", "-l", "--get-urlmatch", "--show-origin",
                "--show-scope", "--name-only", "--null", "-z", "--global", "--local", "--system",
@@ -121,7 +118,7 @@ def _git_config(g: ShellGuard, sub: str, rest: list):
                  "only reading config (git config --get / --list) is allowed.")
 
 
-def _git_apply(g: ShellGuard, sub: str, rest: list):
+def _git_apply(g: Walk, sub: str, rest: list):
     if any(a.text in ("--check", "--stat", "--numstat", "--summary") for a in rest) and \
             not any(a.text == "--apply" for a in rest):
         return
@@ -129,17 +126,17 @@ def _git_apply(g: ShellGuard, sub: str, rest: list):
                  "with your edit tool instead.")
 
 
-def _git_reflog(g: ShellGuard, sub: str, rest: list):
+def _git_reflog(g: Walk, sub: str, rest: list):
     if rest and rest[0].text in ("expire", "delete", "drop"):
         raise Denied(GIT_REASON.format(sub="reflog " + rest[0].text))
 
 
-def _git_hash_object(g: ShellGuard, sub: str, rest: list):
+def _git_hash_object(g: Walk, sub: str, rest: list):
     if any(a.text == "-w" for a in rest):
         raise Denied(GIT_REASON.format(sub="hash-object -w"))
 
 
-_GIT_SUBCOMMANDS: dict[str, Callable] = {
+_GIT_SUBCOMMANDS: dict[str, GitCheck] = {
     "checkout": _git_checkout, "restore": _git_restore,
     "branch": _git_listing(list_flags=("-a", "-r", "-v", "-vv", "--all", "--remotes", "--verbose",
                                         "--show-current", "--no-color", "--color")),

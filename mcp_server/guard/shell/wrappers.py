@@ -3,21 +3,19 @@ wrapped argv (possibly empty when it handled everything itself)."""
 from __future__ import annotations
 
 import shlex
-from typing import TYPE_CHECKING, Callable
 
 from mcp_server.guard.shell.args import ASSIGNMENT, Arg, operand_index, option_values, parse_opts
+from mcp_server.guard.shell.handlers import Walk, Wrapper
 
-if TYPE_CHECKING:
-    from mcp_server.guard.shell.walker import ShellGuard
 
 def _w_skip(with_value: set, fixed: int = 0):
-    def wrap(g: ShellGuard, args, stdin, env):
+    def wrap(g: Walk, args, stdin, env):
         i = operand_index(args, with_value) + fixed
         return args[i:]
     return wrap
 
 
-def _w_sudo(g: ShellGuard, args, stdin, env):
+def _w_sudo(g: Walk, args, stdin, env):
     i = operand_index(args, {"-u", "-g", "-C", "-p", "-r", "-t", "-U", "-h", "-D", "-R", "-T"})
     flags = {a.text for a in args[1:i]}
     if i >= len(args) and ("-s" in flags or "-i" in flags):
@@ -25,7 +23,7 @@ def _w_sudo(g: ShellGuard, args, stdin, env):
     return args[i:]
 
 
-def _w_env(g: ShellGuard, args, stdin, env):
+def _w_env(g: Walk, args, stdin, env):
     i = 1
     while i < len(args):
         t = args[i].text
@@ -50,22 +48,22 @@ def _w_env(g: ShellGuard, args, stdin, env):
     return args[i:]
 
 
-def _w_command(g: ShellGuard, args, stdin, env):
+def _w_command(g: Walk, args, stdin, env):
     if any(a.text in ("-v", "-V") for a in args[1:2]):
         return []                     # lookup only
     return args[operand_index(args, set()):]
 
 
-def _w_exec(g: ShellGuard, args, stdin, env):
+def _w_exec(g: Walk, args, stdin, env):
     return args[operand_index(args, {"-a"}):]
 
 
-def _w_timeout(g: ShellGuard, args, stdin, env):
+def _w_timeout(g: Walk, args, stdin, env):
     i = operand_index(args, {"-s", "-k", "--signal", "--kill-after"})
     return args[i + 1:]               # skip DURATION
 
 
-def _w_time(g: ShellGuard, args, stdin, env):
+def _w_time(g: Walk, args, stdin, env):
     i = 1
     while i < len(args) and args[i].text.startswith("-"):
         if args[i].text in ("-o", "--output") and i + 1 < len(args):
@@ -77,7 +75,7 @@ def _w_time(g: ShellGuard, args, stdin, env):
     return args[i:]
 
 
-def _w_run(g: ShellGuard, args, stdin, env):
+def _w_run(g: Walk, args, stdin, env):
     """uv run / poetry run / pipenv run / pdm run / hatch run / conda run: the command follows."""
     if len(args) < 2 or args[1].text != "run":
         return []
@@ -89,7 +87,7 @@ def _w_run(g: ShellGuard, args, stdin, env):
     return rest
 
 
-def _w_dash_c(g: ShellGuard, args, stdin, env):
+def _w_dash_c(g: Walk, args, stdin, env):
     """su / runuser / script: `-c STRING` is run by a shell; without it nothing we can see runs."""
     for i, a in enumerate(args[1:-1], 1):
         if a.text in ("-c", "--command"):
@@ -97,13 +95,13 @@ def _w_dash_c(g: ShellGuard, args, stdin, env):
     return []
 
 
-def _w_watch(g: ShellGuard, args, stdin, env):
+def _w_watch(g: Walk, args, stdin, env):
     rest = args[operand_index(args, {"-n", "--interval", "-d", "--differences"}):]
     g.shell_text(" ".join(a.text for a in rest))      # watch runs its arguments through sh -c
     return []
 
 
-def _w_flock(g: ShellGuard, args, stdin, env):
+def _w_flock(g: Walk, args, stdin, env):
     for i, a in enumerate(args[1:-1], 1):
         if a.text in ("-c", "--command"):
             g.shell_text(args[i + 1].text)
@@ -111,7 +109,7 @@ def _w_flock(g: ShellGuard, args, stdin, env):
     return args[operand_index(args, {"-w", "--timeout", "-E", "--conflict-exit-code"}) + 1:]   # skip the lock file
 
 
-def _w_xargs(g: ShellGuard, args, stdin, env):
+def _w_xargs(g: Walk, args, stdin, env):
     """xargs CMD...: CMD gets extra arguments we cannot see; model them as one unknown path."""
     opts, pos = parse_opts(args[1:], short_val="IadELnPsS", first_positional_stops=True)
     repl = option_values(opts, "-I", "--replace")
@@ -123,7 +121,7 @@ def _w_xargs(g: ShellGuard, args, stdin, env):
     return pos + [Arg("*", "dynamic", "the arguments xargs reads from stdin")]
 
 
-def _w_strace(g: ShellGuard, args, stdin, env):
+def _w_strace(g: Walk, args, stdin, env):
     i = 1
     while i < len(args) and args[i].text.startswith("-"):
         if args[i].text == "-o" and i + 1 < len(args):
@@ -135,7 +133,7 @@ def _w_strace(g: ShellGuard, args, stdin, env):
     return args[i:]
 
 
-WRAPPERS: dict[str, Callable] = {
+WRAPPERS: dict[str, Wrapper] = {
     "sudo": _w_sudo, "doas": _w_sudo, "env": _w_env, "command": _w_command, "builtin": _w_skip(set()),
     "exec": _w_exec, "nohup": _w_skip(set()), "nice": _w_skip({"-n", "--adjustment"}),
     "ionice": _w_skip({"-c", "-n", "-p", "-t"}), "setsid": _w_skip(set()), "unbuffer": _w_skip(set()),
