@@ -16,6 +16,7 @@ from mcp_server.mechanisms.source import constant_values, tunable_constants
 
 from conftest import BENCH, REPO, TEST_RECIPE, hobbled_bench, make_workspace
 
+
 # The bundled train.py with the constants these tests were written against, so retuning the
 # benchmark's defaults does not change what the synthetic ledgers mean.
 def _pinned(src: str, values: dict[str, str]) -> str:
