@@ -81,6 +81,12 @@ def small_corpus(tmp_path_factory) -> Path:
     return make_small_corpus(tmp_path_factory.mktemp("corpus"))
 
 
+# The loop tests' training recipe, whatever the bundled baseline's version: v1's (a cheap step: MLP ratio 1; the
+# embedding at its own high rate; no warm-up or weight decay, so a few steps learn and an LR fix is a clear gain).
+TEST_RECIPE = {"BATCH_SIZE": "8", "MLP_RATIO": "1", "EMBED_LR": "0.09", "WEIGHT_DECAY": "0.0", "BETA2": "0.95",
+               "WARMUP_STEPS": "0", "WARMDOWN_FRAC": "0.2", "LOGIT_SOFTCAP": "15.0"}
+
+
 def hobbled_bench(dest: Path, lr: str = "0.0002", max_steps: int = 24, tiny: bool = False) -> Path:
     """The bundled benchmark with a deliberately low learning rate, so a known fix is a real gain.
 
@@ -95,7 +101,8 @@ def hobbled_bench(dest: Path, lr: str = "0.0002", max_steps: int = 24, tiny: boo
     assert n == 1, "train.py must define LR as a top-level constant"
     (dest / "train.py").write_text(src)
     set_constant(dest / "train.py", "MAX_STEPS", str(max_steps))
-    set_constant(dest / "train.py", "BATCH_SIZE", "8")
+    for name, value in TEST_RECIPE.items():
+        set_constant(dest / "train.py", name, value)
     if tiny:
         set_constant(dest / "train.py", "DEPTH", "2")
         set_constant(dest / "train.py", "D_MODEL", "64")

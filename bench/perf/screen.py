@@ -46,10 +46,13 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--variants", nargs="+", help="NAME=VALUE[+NAME=VALUE] each (required unless --tiny)")
     p.add_argument("--base", default="", help="NAME=VALUE[+...] applied to the bundled train.py first")
+    p.add_argument("--train", type=Path, default=None, help="screen around this train.py instead of the bundled one "
+                   "(a candidate reference baseline)")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--first-seed", type=int, default=1)
     p.add_argument("--budget", type=float, default=30.0, help="[benchmark] time_budget (the demo's: 30)")
     p.add_argument("--clock", default=None)
+    p.add_argument("--budget-tokens", type=int, default=None, help="[benchmark] budget_tokens (the steps clock's)")
     p.add_argument("--eval-tokens", type=int, default=8192, help="[benchmark] eval_tokens (the demo's: 8192)")
     p.add_argument("--also-eval", type=int, nargs="*", default=[], metavar="TOKENS",
                    help="score every model on these eval sizes too: d per size shows how much of sigma_d is "
@@ -70,7 +73,7 @@ def main(argv=None) -> int:
         ws = tmp / "ws"
         ws.mkdir()
         shutil.copyfile(BENCH / "prepare.py", ws / "prepare.py")
-        base_src = (BENCH / "train.py").read_text()
+        base_src = (args.train or BENCH / "train.py").read_text()
         if args.tiny:
             base_src = tiny.tiny_train(base_src)
         if args.base:
@@ -83,6 +86,8 @@ def main(argv=None) -> int:
         toml = ["[benchmark]", f"time_budget = {args.budget}", f"eval_tokens = {args.eval_tokens}"]
         if args.clock:
             toml.append(f'clock = "{args.clock}"')
+        if args.budget_tokens:
+            toml.append(f"budget_tokens = {args.budget_tokens}")
         if args.tiny:
             toml.append(f'corpus = "{tiny.tiny_corpus(tmp / "corpus")}"')
         (ws / "loopwright.toml").write_text("\n".join(toml) + "\n")

@@ -14,13 +14,19 @@ import pytest
 from mcp_server.agents.builtin import Planner, divisibility_constraints, moves, satisfies, set_constant
 from mcp_server.mechanisms.source import constant_values, tunable_constants
 
-from conftest import BENCH, FROZEN_PY, REPO, hobbled_bench, make_workspace
+from conftest import BENCH, FROZEN_PY, REPO, TEST_RECIPE, hobbled_bench, make_workspace
+
 
 # The bundled train.py with the constants these tests were written against, so retuning the
 # benchmark's defaults does not change what the synthetic ledgers mean.
-TRAIN = re.sub(r"^BATCH_SIZE = \d+", "BATCH_SIZE = 16",
-               re.sub(r"^LR = [0-9.e-]+", "LR = 0.004", (BENCH / "train.py").read_text(), count=1, flags=re.M),
-               count=1, flags=re.M)
+def _pinned(src: str, values: dict[str, str]) -> str:
+    for name, value in values.items():
+        src, n = re.subn(rf"^{name} = [^\s#]+", f"{name} = {value}", src, count=1, flags=re.M)
+        assert n == 1, name
+    return src
+
+
+TRAIN = _pinned((BENCH / "train.py").read_text(), {**TEST_RECIPE, "BATCH_SIZE": "16", "LR": "0.004"})
 
 
 def _changed_lines(a: str, b: str) -> list[tuple[str, str]]:
@@ -127,20 +133,22 @@ def test_planner_never_repeats_and_respects_constraints():
 def test_planner_tries_expert_moves_first_once_each():
     from mcp_server.agents.builtin import EXPERT_FIRST
     p = Planner(3)
-    names = [n for n, _ in EXPERT_FIRST if n in constant_values(TRAIN)]
+    bundled = (BENCH / "train.py").read_text()
+    names = [n for n, _ in EXPERT_FIRST]
+    assert set(names) <= set(constant_values(bundled))   # every expert move applies to the reference baseline
     got = []
     for _ in names:
-        e = p.propose(TRAIN, preferred=["DEPTH"])
+        e = p.propose(bundled, preferred=["DEPTH"])
         got.append(e.name)
         p.record(e, "discard")
     assert got == names                                   # in order, ahead of a mechanism's preference
-    assert p.propose(TRAIN, preferred=["DEPTH"]).name == "DEPTH"   # then the climb's own order
+    assert p.propose(bundled, preferred=["DEPTH"]).name == "DEPTH"   # then the climb's own order
     # a file without those constants falls straight through to the climb
     assert Planner(3).propose("N_LAYERS = 4\n").name == "N_LAYERS"
     # a mechanism on trial steers from the first move; the expert moves wait (none is used up)
     p = Planner(3)
-    assert p.propose(TRAIN, preferred=["BATCH_SIZE"], steered=True).name == "BATCH_SIZE"
-    assert p.propose(TRAIN, preferred=["BATCH_SIZE"]).name == names[0]
+    assert p.propose(bundled, preferred=["BATCH_SIZE"], steered=True).name == "BATCH_SIZE"
+    assert p.propose(bundled, preferred=["BATCH_SIZE"]).name == names[0]
 
 
 def test_planner_follows_a_keep_and_drops_a_failed_direction():
@@ -151,11 +159,12 @@ def test_planner_follows_a_keep_and_drops_a_failed_direction():
     e2 = p.propose(e.source)      # momentum: the same step again from the new point
     assert e2.name == "LR" and e2.direction == e.direction
     p.record(e2, "discard")
+    # up by 2x failed and down by 2x is the point it came from (tried): a smaller step, either way first
     e3 = p.propose(e.source, preferred=["LR"])
-    assert e3.name == "LR" and e3.direction != e.direction   # the other way, not the failed one again
+    assert e3.name == "LR" and e3.new not in (e2.new, e.old) and 1.3 < max(e3.new / e.new, e.new / e3.new) < 1.5
     p.record(e3, "discard")
-    e4 = p.propose(e.source, preferred=["LR"])
-    assert e4.name == "LR" and 1.3 < max(e4.new / e.new, e.new / e4.new) < 1.5   # both failed: a smaller step
+    e4 = p.propose(e.source, preferred=["LR"])   # that failed too: the other way at the smaller step
+    assert e4.name == "LR" and e4.direction != e3.direction and 1.3 < max(e4.new / e.new, e.new / e4.new) < 1.5
 
 
 def test_planner_exhausts_a_tiny_space():

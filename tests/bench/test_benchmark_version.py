@@ -17,14 +17,22 @@ from mcp_server.loop.workspace import WorkspaceError
 
 from conftest import BENCH, make_workspace, record_baseline, set_constant
 
-# v1's reference baseline: its hyperparameter values, and the digest of its code with comments removed
-# (comments may say more; nothing else may change within v1 -- a new baseline is VERSION v2)
+# Each version's reference baseline: its hyperparameter values, and the digest of its code with comments removed
+# (comments may say more; nothing else may change within a version -- a new baseline is a new VERSION and a new entry
+# here). v1 is kept for the record: it is train.py at commit 3f4ccb9.
 V1_VALUES = {"DEPTH": 2, "D_MODEL": 64, "N_HEAD": 4, "MLP_RATIO": 1, "BATCH_SIZE": 8, "LR": 0.008,
              "EMBED_LR": 0.09, "WEIGHT_DECAY": 0.0, "BETA1": 0.9, "BETA2": 0.95, "WARMUP_STEPS": 0,
              "WARMDOWN_FRAC": 0.2, "GRAD_CLIP": 1.0, "LOGIT_SOFTCAP": 15.0, "QK_NORM": False, "USE_MUON": False,
              "MUON_LR": 0.02, "COMPILE_ON_CUDA": True, "MAX_STEPS": 0, "QUICK_EVAL_TOKENS": 8192,
              "PRINT_EVERY_S": 1.0}
-V1_CODE_SHA256 = "f54c99c874e28d0188a7485edff6268fceb8a81a9bba41156cd8b8b74a4779d9"
+V2_VALUES = {"DEPTH": 2, "D_MODEL": 64, "N_HEAD": 4, "MLP_RATIO": 4, "BATCH_SIZE": 12, "LR": 0.001,
+             "EMBED_LR": 0.001, "WEIGHT_DECAY": 0.1, "BETA1": 0.9, "BETA2": 0.99, "WARMUP_STEPS": 20,
+             "WARMDOWN_FRAC": 1.0, "GRAD_CLIP": 1.0, "LOGIT_SOFTCAP": 0.0, "QK_NORM": False, "USE_MUON": False,
+             "MUON_LR": 0.02, "COMPILE_ON_CUDA": True, "MAX_STEPS": 0, "QUICK_EVAL_TOKENS": 8192,
+             "AVERAGE_FRAC": 0.0, "PRINT_EVERY_S": 1.0}
+BASELINES = {"v1": (V1_VALUES, "f54c99c874e28d0188a7485edff6268fceb8a81a9bba41156cd8b8b74a4779d9"),
+             "v2": (V2_VALUES, "6a512ba27bfcdad568dc4f34b57635e5281481f8d7c35758178dc436b03e40c6")}
+CURRENT = "v2"
 
 
 def code_digest(src: str) -> str:
@@ -48,30 +56,39 @@ def hyperparameters(src: str) -> dict:
     return out
 
 
-def test_the_bundled_baseline_is_v1_and_unchanged():
+def test_the_bundled_baseline_is_the_current_version_and_unchanged():
     from mcp_server.loop.workspace import bench_version
 
-    assert bench_version(BENCH) == "v1"
+    assert bench_version(BENCH) == CURRENT
+    values, digest = BASELINES[CURRENT]
     src = (BENCH / "train.py").read_text()
-    assert hyperparameters(src) == V1_VALUES, "a v1 value changed: a new reference baseline is VERSION v2"
-    assert code_digest(src) == V1_CODE_SHA256, "train.py's code changed within v1: bump VERSION to v2"
+    assert hyperparameters(src) == values, f"a {CURRENT} value changed: a new reference baseline is a new VERSION"
+    assert code_digest(src) == digest, f"train.py's code changed within {CURRENT}: bump VERSION"
     # the digest ignores comments only: a changed value or statement changes it
-    assert code_digest(src.replace("LR = 0.008", "LR = 0.009", 1)) != V1_CODE_SHA256
-    assert code_digest(src.replace("# Model", "# the model", 1)) == V1_CODE_SHA256
+    assert code_digest(src.replace("LR = 0.001", "LR = 0.002", 1)) != digest
+    assert code_digest(src.replace("# Model", "# the model", 1)) == digest
+
+
+def test_v2_differs_from_v1_by_its_recipe_only():
+    """v2 kept v1's model size and code, changed the recipe to nanoGPT's, and added one opt-in knob (off)."""
+    changed = {k for k in V1_VALUES if V1_VALUES[k] != V2_VALUES[k]}
+    assert changed == {"MLP_RATIO", "BATCH_SIZE", "LR", "EMBED_LR", "WEIGHT_DECAY", "BETA2", "WARMUP_STEPS",
+                       "WARMDOWN_FRAC", "LOGIT_SOFTCAP"}
+    assert set(V2_VALUES) - set(V1_VALUES) == {"AVERAGE_FRAC"} and V2_VALUES["AVERAGE_FRAC"] == 0.0
 
 
 def test_every_hyperparameter_says_where_its_value_comes_from():
     src = (BENCH / "train.py").read_text()
     for line in src.splitlines():
         name = line.split("=", 1)[0].strip()
-        if name in V1_VALUES:
+        if name in BASELINES[CURRENT][0]:
             comment = line.partition("#")[2].strip()
             assert len(comment) > 10, f"{name} has no comment on its origin: {line!r}"
 
 
 def test_records_are_kept_apart_from_the_baseline():
     text = (BENCH / "RECORDS.md").read_text()
-    assert "## Format" in text and "## v1" in text
+    assert "## Format" in text and all(f"## {v} " in text for v in BASELINES)
     from mcp_server.loop.workspace import BENCH_FILES
     assert "RECORDS.md" not in BENCH_FILES       # never copied into a workspace, never part of a campaign
 
@@ -110,7 +127,7 @@ def test_a_keep_stays_on_the_campaign_branch_and_never_rewrites_the_bundled_base
     before = hashlib.sha256(bundled.read_bytes()).hexdigest()
     ws = make_workspace(tmp_path / "ws", "stdlib-hidden", noise={"baseline_seeds": 2, "rotate_every": 0})
     lock = json.loads((ws.root / "loopwright.lock").read_text())
-    assert lock["benchmark_version"] == "v1" and ws.benchmark_version == "v1" and lock["corpus"] == "stdlib-hidden"
+    assert lock["benchmark_version"] == CURRENT == ws.benchmark_version and lock["corpus"] == "stdlib-hidden"
     train = ws.root / "train.py"
     assert train.read_bytes() == bundled.read_bytes() and not train.samefile(bundled)
     with Engine(ws.root) as eng:
@@ -125,16 +142,16 @@ def test_a_keep_stays_on_the_campaign_branch_and_never_rewrites_the_bundled_base
         assert sc.verdict == "keep", sc
         best = eng.campaign["best_commit"]
         branch = eng.campaign["branch"]
-        assert eng.budget_check().benchmark_version == "v1"
+        assert eng.budget_check().benchmark_version == CURRENT
     # the keep is the campaign branch's head; the pinned baseline is the bundled one, byte for byte
     assert gitops.blob_bytes(ws.root, best, "train.py") == edited
     assert gitops.blob_bytes(ws.root, branch, "train.py") == edited
     assert gitops.blob_bytes(ws.root, pinned, "train.py") == bundled.read_bytes()
     assert hashlib.sha256(bundled.read_bytes()).hexdigest() == before
-    assert code_digest(bundled.read_text()) == V1_CODE_SHA256
+    assert code_digest(bundled.read_text()) == BASELINES[CURRENT][1]
     report = write_report(ws.root)
-    assert "Benchmark version: **v1**" in report.markdown.read_text()
-    assert "benchmark v1" in session_summary(ws.root)
+    assert f"Benchmark version: **{CURRENT}**" in report.markdown.read_text()
+    assert f"benchmark {CURRENT}" in session_summary(ws.root)
 
 
 def test_a_workspace_from_an_unversioned_folder_says_so(tmp_path, small_corpus):

@@ -328,16 +328,17 @@ def test_probe_never_rejects_honest_trained_models(tmp_path):
     assert run_cli(d, "prepare", "--corpus", str(corpus))[0] == 0
     prep = load_prepare(d)
     base = (d / "train.py").read_text()
-    # the reported change, then the agent's expert-first moves (EMBED_LR x3, LR x1.5, ..., D_MODEL x1.5)
-    moves = [{}, {"LR": "0.012"}, {"EMBED_LR": "0.27"}, {"WARMDOWN_FRAC": "0.3"}, {"LOGIT_SOFTCAP": "30.0"},
-             {"DEPTH": "1"}, {"D_MODEL": "96"}]
-    assert [n for n, _ in EXPERT_FIRST] == ["EMBED_LR", "LR", "WARMDOWN_FRAC", "LOGIT_SOFTCAP", "DEPTH", "D_MODEL"]
-    # The suite probes the reported change and the two moves that change the graph's shapes; the whole sweep
+    # the baseline, then the agent's expert-first moves on v2 (LR x3, warm-up off, ..., BATCH_SIZE x0.5)
+    moves = [{}, {"LR": "0.003"}, {"WARMUP_STEPS": "0"}, {"WEIGHT_DECAY": "0.0"}, {"EMBED_LR": "0.01"},
+             {"MLP_RATIO": "2"}, {"BATCH_SIZE": "6"}]
+    assert [n for n, _ in EXPERT_FIRST] == ["LR", "WARMUP_STEPS", "WEIGHT_DECAY", "EMBED_LR", "MLP_RATIO",
+                                            "BATCH_SIZE"]
+    # The suite probes the largest LR move, the move that changes the graph's shapes and the embedding's; the whole sweep
     # (every move, two seeds for the first two, 3 probes each: 27 probes, 0 rejections) is
     # LOOPWRIGHT_PROBE_SWEEP=full, about 13 minutes on 2 loaded cores.
     full = os.environ.get("LOOPWRIGHT_PROBE_SWEEP") == "full"
     if not full:
-        moves = [{"LR": "0.012"}, {"DEPTH": "1"}, {"D_MODEL": "96"}]
+        moves = [{"LR": "0.003"}, {"MLP_RATIO": "2"}, {"EMBED_LR": "0.01"}]
     tokens = prep._tokens("val", str(d / ".loopwright" / "data"))
     vocab = prep.VOCAB_SIZE
     probed = 0
