@@ -57,7 +57,7 @@ def test_wheel_holds_every_module_and_the_benchmark(wheel):
     expected = {p.relative_to(REPO).as_posix() for p in (REPO / "mcp_server").rglob("*.py")
                 if "__pycache__" not in p.parts}
     assert expected - names == set(), "modules missing from the wheel"
-    for f in ("prepare.py", "train.py", "program.md"):
+    for f in ("prepare.py", "evaluate.py", "pt2audit.py", "train.py", "program.md"):
         assert f"mcp_server/_bench/gpt/{f}" in names
     # the bundled targets (loopwright init --target copies them): every file, hidden/ and tests/ included
     targets = {p.relative_to(REPO / "bench").as_posix() for p in (REPO / "bench" / "targets").rglob("*")
