@@ -49,11 +49,13 @@ from mcp_server.loop.workspace import bench_source_dir  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import tiny  # noqa: E402
 
+from mcp_server.loop.workspace import EVALUATOR_PY  # noqa: E402  (prepare.py and its frozen siblings)
+
 
 def bench_copy(dest: Path, steps: int, batch: int | None, threads: int) -> Path:
     src = bench_source_dir()
     dest.mkdir(parents=True, exist_ok=True)
-    for name in ("prepare.py", "program.md", "train.py"):
+    for name in (*EVALUATOR_PY, "program.md", "train.py"):
         shutil.copyfile(src / name, dest / name)
     text = set_constant((dest / "train.py").read_text(), "MAX_STEPS", steps)
     if batch:

@@ -41,6 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import tiny  # noqa: E402
 
+from mcp_server.loop.workspace import EVALUATOR_PY  # noqa: E402  (prepare.py and its frozen siblings)
+
 PROGRESS = re.compile(r"^step=(\d+) loss=\S+ elapsed=([0-9.]+) remaining=")
 
 
@@ -136,7 +138,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="bench_gpt_") as tmp:
         ws = Path(tmp)
-        for name in ("prepare.py", "train.py"):
+        for name in (*EVALUATOR_PY, "train.py"):
             shutil.copyfile(BENCH / name, ws / name)
         if args.tiny:
             (ws / "train.py").write_text(tiny.tiny_train((ws / "train.py").read_text()))

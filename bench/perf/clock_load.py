@@ -28,6 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import tiny  # noqa: E402
 
+from mcp_server.loop.workspace import EVALUATOR_PY  # noqa: E402  (prepare.py and its frozen siblings)
+
 
 def steps_of(ws: Path, clock: str, budget: float, seed: int, extra: tuple[str, ...] = ()) -> tuple[int, float, float]:
     lines = ["[benchmark]", f"time_budget = {budget}", f'clock = "{clock}"', *extra]
@@ -57,7 +59,7 @@ def main() -> int:
     try:
         ws = tmp / "ws"
         ws.mkdir()
-        for name in ("prepare.py", "train.py"):
+        for name in (*EVALUATOR_PY, "train.py"):
             shutil.copyfile(BENCH / name, ws / name)
         extra: tuple[str, ...] = ()
         if args.tiny:

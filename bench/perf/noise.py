@@ -46,6 +46,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import tiny  # noqa: E402
 
+from mcp_server.loop.workspace import EVALUATOR_PY  # noqa: E402  (prepare.py and its frozen siblings)
+
 
 def file_tag(tag: str) -> str:
     """A name for the model archive: its stem becomes the archive's root folder, which the evaluator
@@ -136,7 +138,8 @@ def main(argv=None) -> int:
     try:
         ws = tmp / "ws"
         ws.mkdir()
-        shutil.copyfile(BENCH / "prepare.py", ws / "prepare.py")
+        for harness in EVALUATOR_PY:
+            shutil.copyfile(BENCH / harness, ws / harness)
         src = (BENCH / "train.py").read_text()
         if args.tiny:
             src = tiny.tiny_train(src)

@@ -31,6 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import tiny  # noqa: E402
 from noise import BENCH, run, set_constant  # noqa: E402
 
+from mcp_server.loop.workspace import EVALUATOR_PY  # noqa: E402  (prepare.py and its frozen siblings)
+
 
 def apply(src: str, spec: str) -> str:
     """NAME=VALUE[+NAME=VALUE...] applied to the source."""
@@ -72,7 +74,8 @@ def main(argv=None) -> int:
     try:
         ws = tmp / "ws"
         ws.mkdir()
-        shutil.copyfile(BENCH / "prepare.py", ws / "prepare.py")
+        for harness in EVALUATOR_PY:
+            shutil.copyfile(BENCH / harness, ws / harness)
         base_src = (args.train or BENCH / "train.py").read_text()
         if args.tiny:
             base_src = tiny.tiny_train(base_src)

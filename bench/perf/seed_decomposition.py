@@ -26,6 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import tiny  # noqa: E402
 
+from mcp_server.loop.workspace import EVALUATOR_PY  # noqa: E402  (prepare.py and its frozen siblings)
+
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -41,7 +43,7 @@ def main() -> int:
         p.error("give at least one INIT,DATA seed pair, e.g. 1,1 2,1 1,2")
     tmp = Path(tempfile.mkdtemp(prefix="lw-seeds-"))
     try:
-        for name in ("prepare.py", "train.py"):
+        for name in (*EVALUATOR_PY, "train.py"):
             shutil.copyfile(BENCH / name, tmp / name)
         if args.tiny:
             (tmp / "loopwright.toml").write_text(

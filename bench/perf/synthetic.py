@@ -17,6 +17,8 @@ import sys
 import zlib
 from pathlib import Path
 
+from mcp_server.loop.workspace import EVALUATOR_PY  # prepare.py and its frozen siblings
+
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "bench" / "gpt"
 
@@ -66,7 +68,7 @@ print(f"variant: {{VARIANT}}")
 def synthetic_bench(dest: Path, sleep_s: float) -> Path:
     """dest/ with prepare.py, program.md and the sleeping train.py (the model exported once, here)."""
     dest.mkdir(parents=True, exist_ok=True)
-    for name in ("prepare.py", "program.md"):
+    for name in (*EVALUATOR_PY, "program.md"):
         shutil.copyfile(BENCH / name, dest / name)
     model = dest / "uniform.pt2"
     subprocess.run([sys.executable, "-c", _EXPORT, str(model)], cwd=dest, check=True, capture_output=True)
