@@ -10,6 +10,7 @@ import base64
 import contextlib
 import http.server
 import json
+import re
 import shutil
 import socket
 import threading
@@ -27,7 +28,7 @@ from mcp_server.guard.policy import HUMAN_COMMANDS
 from mcp_server.loop import gitops
 from mcp_server.loop.engine import Engine
 
-from conftest import hobbled_bench, make_workspace, record_baseline
+from conftest import BENCH, hobbled_bench, make_workspace, record_baseline
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
@@ -113,7 +114,8 @@ def test_page_shows_the_campaign_and_escapes_agent_text(shared_ws):
             assert "log_tail" not in brief[0] and "metrics_json" not in brief[0]
         d = cl.get(f"/w/0/experiments/{bad['id']}")
         assert d.status_code == 200
-        assert "-LR = 0.008" in d.text and "+LR = 0.0003" in d.text
+        bundled_lr = re.search(r"^LR = (\S+)", (BENCH / "train.py").read_text(), re.M).group(1)
+        assert f"-LR = {bundled_lr}" in d.text and "+LR = 0.0003" in d.text
         assert "&lt;/pre&gt;&lt;b&gt;bold?&lt;/b&gt;" in d.text and "<b>bold?" not in d.text
         assert f"<td>{ref['seed']}</td>" in d.text and f"#{ref['id']}" in d.text and "+0.0400" in d.text
         assert "Not replayed" in d.text
