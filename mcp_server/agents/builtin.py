@@ -492,6 +492,21 @@ class BuiltinAgent:
         return res.structured_content or {}
 
     # -- the session ------------------------------------------------------------
+    async def _resume(self, summary: dict[str, Any]) -> Optional[str]:
+        """Take over what an earlier session left: settle its pending retest or score; before a baseline that
+        was never measured, check the budget (the stop message when it is spent) and drop a half-made edit,
+        which must not be measured as the baseline."""
+        if summary["pending_retest"]:
+            await self._settle(summary["pending_retest"][-1], confirm=True)
+        elif summary["pending_score"]:
+            await self._settle(summary["pending_score"][-1], confirm=False)
+        if summary["baseline_val_bpb"] is None:
+            budget = await self.call("budget_check")
+            if budget["should_stop"]:
+                return self._stop("budget: " + "; ".join(budget["reasons"]))
+            await self.call("revert")
+        return None
+
     async def run(self, n: Optional[int] = None, deadline: Optional[float] = None) -> str:
         """Run up to n experiments (None: until the budget says stop) before `deadline` (monotonic)."""
         self.deadline = deadline
@@ -501,15 +516,10 @@ class BuiltinAgent:
         summary = state["summary"]
         self.emit("start", summary=summary, mechanisms=self.mechanisms)
         await self._replay_history()
-        if summary["pending_retest"]:
-            await self._settle(summary["pending_retest"][-1], confirm=True)
-        elif summary["pending_score"]:
-            await self._settle(summary["pending_score"][-1], confirm=False)
+        stopped = await self._resume(summary)
+        if stopped is not None:
+            return stopped
         if summary["baseline_val_bpb"] is None:
-            budget = await self.call("budget_check")
-            if budget["should_stop"]:
-                return self._stop("budget: " + "; ".join(budget["reasons"]))
-            await self.call("revert")   # a half-made edit from an earlier session must not be measured
             self.emit("experiment_start", number=0, description="baseline", category="baseline")
             t0 = time.monotonic()
             res = await self.call("run_experiment", {"description": "baseline", "hypothesis":
@@ -581,15 +591,10 @@ class BuiltinAgent:
             self.emit("error", message=f"waiting for experiments submitted earlier: {state['pending']}")
             await self.call("wait", {"ids": state["pending"], "timeout_s": 3600})
             summary = (await self.call("state_read", {"view": "summary"}))["summary"]
-        if summary["pending_retest"]:     # left by an earlier one-at-a-time session
-            await self._settle(summary["pending_retest"][-1], confirm=True)
-        elif summary["pending_score"]:
-            await self._settle(summary["pending_score"][-1], confirm=False)
+        stopped = await self._resume(summary)   # a retest or score left by an earlier one-at-a-time session
+        if stopped is not None:
+            return stopped
         if summary["baseline_val_bpb"] is None:
-            budget = await self.call("budget_check")
-            if budget["should_stop"]:
-                return self._stop("budget: " + "; ".join(budget["reasons"]))
-            await self.call("revert")
             self.emit("experiment_start", number=0, description="baseline", category="baseline")
             t0 = time.monotonic()
             sub = await self.call("submit_experiment", {"description": "baseline", "hypothesis":

@@ -16,7 +16,6 @@ The directory is removed afterwards; the outcome carries the logs back.
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import socket
@@ -28,27 +27,14 @@ from typing import Callable, Optional
 
 from mcp_server.executors.base import LOG_CAP, OUTCOME_NAME, ExecutorError, RunOutcome, RunSpec
 from mcp_server.loop import config as cfgmod
-from mcp_server.loop import runner
+from mcp_server.loop import gitops, runner
 from mcp_server.loop.workspace import Workspace
 
 DataSource = Callable[[str, str], Path]   # (file name, sha256) -> a local file said to hold that content
 
-# (path) -> ((size, mtime_ns, ctime_ns), sha256): a rewritten file always changes ctime, so it is re-hashed
-_VERIFIED: dict[str, tuple[tuple[int, int, int], str]] = {}
-
-
 def sha256_of(path: Path) -> str:
-    st = path.stat()
-    key = (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-    hit = _VERIFIED.get(str(path))
-    if hit and hit[0] == key:
-        return hit[1]
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    _VERIFIED[str(path)] = (key, h.hexdigest())
-    return h.hexdigest()
+    """A data file's sha256 (cached while the file is unchanged: see gitops.cached_file_sha256)."""
+    return gitops.cached_file_sha256(path)
 
 
 def dir_source(data_dir: Path) -> DataSource:

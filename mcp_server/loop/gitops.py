@@ -115,6 +115,23 @@ def file_sha256(path: Path | str) -> str:
     return h.hexdigest()
 
 
+# Hash cache for big data files: path -> ((size, mtime_ns, ctime_ns), sha256). ctime changes on any write and
+# cannot be set by a user, so a rewritten file is always re-hashed.
+_HASH_CACHE: dict[str, tuple[tuple[int, int, int], str]] = {}
+
+
+def cached_file_sha256(path: Path | str) -> str:
+    """file_sha256, remembered while the file's size, mtime and ctime stay the same."""
+    st = os.stat(path)
+    key = (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    hit = _HASH_CACHE.get(str(path))
+    if hit and hit[0] == key:
+        return hit[1]
+    digest = file_sha256(path)
+    _HASH_CACHE[str(path)] = (key, digest)
+    return digest
+
+
 def init_repo_and_pin(root: Path, message: str) -> str:
     """git init (if needed), commit everything not ignored, return the commit sha."""
     if not (root / ".git").exists():

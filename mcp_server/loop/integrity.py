@@ -33,22 +33,6 @@ class Mismatch:
     detail: str
 
 
-# Hash cache for big data files: (size, mtime_ns, ctime_ns) -> sha256. ctime changes on any
-# write and cannot be set by a user, so a rewritten file is always re-hashed.
-_HASH_CACHE: dict[str, tuple[tuple[int, int, int], str]] = {}
-
-
-def _cached_sha(path: Path) -> str:
-    st = path.stat()
-    key = (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-    hit = _HASH_CACHE.get(str(path))
-    if hit and hit[0] == key:
-        return hit[1]
-    digest = gitops.file_sha256(path)
-    _HASH_CACHE[str(path)] = (key, digest)
-    return digest
-
-
 def pinned_lock(ws: Workspace, pinned: str) -> dict:
     return json.loads(gitops.verified_blob_bytes(ws.root, pinned, LOCK_NAME))
 
@@ -117,7 +101,7 @@ def _check(ws: Workspace, pinned: str) -> list[Mismatch]:
         path = ws.data_dir / name
         if not path.is_file():
             out.append(Mismatch(f"data/{name}", "data", "data file is missing"))
-        elif _cached_sha(path) != digest:
+        elif gitops.cached_file_sha256(path) != digest:
             out.append(Mismatch(f"data/{name}", "data", "data file hash changed"))
     out += check_git_dir(ws)
     # The id that names our state directory: changed, the next open would refuse (or, under a forged

@@ -33,7 +33,6 @@ from typing import Optional
 
 from mcp_server.ledger.store import Ledger
 from mcp_server.loop import config as cfgmod
-from mcp_server.loop import gitops
 from mcp_server.loop import settings as setmod
 
 LOCK_NAME = "loopwright.lock"   # committed manifest of what decides the score
@@ -98,6 +97,10 @@ def bench_files(src: Path) -> tuple[str, ...]:
 def pinned_evaluator(root: Path, pinned: str) -> dict[str, bytes]:
     """The evaluator's files from the pinned commit's git objects (re-hashed on the way): prepare.py, its
     siblings where the commit has them (not in a workspace made before the split), loopwright.toml."""
+    # imported here: GitPython fails at import without a git on PATH, and the MCP server, which imports this
+    # module, must start anyway to tell the agent what is missing (tests/e2e/test_wheel.py)
+    from mcp_server.loop import gitops
+
     tracked = set(gitops.tracked_files(root, pinned))
     names = ("prepare.py", *(n for n in EVALUATOR_SIBLINGS if n in tracked), cfgmod.CONFIG_NAME)
     return {n: gitops.verified_blob_bytes(root, pinned, n) for n in names}
