@@ -32,7 +32,9 @@ DENY_RE = _words("PRINT", "LOG", "LOGGING", "EVERY", "SEED", "MAX_STEPS", "EVAL"
 
 # Checked in order: the first pattern that matches a name decides its category.
 CATEGORY_PATTERNS: tuple[tuple[str, re.Pattern], ...] = (
-    ("schedule", _words("WARMUP", "WARMDOWN", "COOLDOWN", "SCHEDULE", "ANNEAL", "MIN_LR", "FINAL_LR", "LR_DECAY")),
+    # checkpoint averaging (AVERAGE, EMA, SWA) acts on the run's end, like the decay of its schedule
+    ("schedule", _words("WARMUP", "WARMDOWN", "COOLDOWN", "SCHEDULE", "ANNEAL", "MIN_LR", "FINAL_LR", "LR_DECAY",
+                        "AVERAGE", "EMA", "SWA")),
     ("regularisation", _words("WEIGHT_DECAY", "WD", "DROPOUT", "DROP", "CLIP", "LABEL_SMOOTHING", "SMOOTHING",
                               "SOFTCAP", "Z_LOSS")),
     ("batch", _words("BATCH", "BATCH_SIZE", "ACCUM", "GRAD_ACCUM", "MICRO", "SEQ_LEN", "CONTEXT", "TOKENS_PER")),

@@ -7,6 +7,7 @@ import pytest
 from mcp_server.loop.change import as_change, check_against
 from mcp_server.loop.errors import LoopError
 from mcp_server.loop.models import Change
+from mcp_server.mechanisms.source import constant_values
 from tests.conftest import make_workspace, record_baseline, set_constant
 
 BEFORE = b"LR = 0.004  # learning rate\nQK_NORM = False\nD_MODEL = 64\nOPT = 'adamw'\n"
@@ -80,14 +81,15 @@ async def test_the_tools_take_store_and_return_the_change(tmp_path, small_corpus
     ws = make_workspace(tmp_path / "ws", small_corpus)
     async with Client(build_server(ws.root)) as client:
         await client.call_tool("run_experiment", {"description": "baseline"})
-        set_constant(ws.root / "train.py", "LR", "0.016")   # the bundled LR is 0.008
+        base_lr = constant_values((ws.root / "train.py").read_text())["LR"]   # the bundled baseline's
+        set_constant(ws.root / "train.py", "LR", "0.016")
         bad = await client.call_tool("run_experiment", {"description": "LR up", "change": {
-            "name": "LR", "old": 0.008, "new": 0.016, "extra": 1}})
+            "name": "LR", "old": base_lr, "new": 0.016, "extra": 1}})
         assert bad.is_error and "extra" in bad.content[0].text
         res = await client.call_tool("run_experiment", {"description": "a faster learning rate", "change": {
-            "name": "LR", "old": 0.008, "new": 0.016}})
+            "name": "LR", "old": base_lr, "new": 0.016}})
         eid = res.structured_content["experiment_id"]
         hist = (await client.call_tool("state_read", {"view": "history"})).structured_content["experiments"]
     row = next(r for r in hist if r["id"] == eid)
-    assert row["change"] == {"name": "LR", "old": 0.008, "new": 0.016}
+    assert row["change"] == {"name": "LR", "old": base_lr, "new": 0.016}
     assert all(r["change"] is None for r in hist if r["id"] != eid)    # baseline and pair runs carry none

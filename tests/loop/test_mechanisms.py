@@ -15,13 +15,13 @@ from mcp_server.mechanisms.plateau import Plateau
 from mcp_server.mechanisms.source import DENY_RE, all_constants, category_of, constant_values, skeleton, tunable_constants
 from mcp_server.mechanisms.tabu import Tabu
 
-from conftest import BENCH, FROZEN_PY, make_workspace, record_baseline, set_constant
+from conftest import BENCH, FROZEN_PY, TEST_RECIPE, make_workspace, record_baseline, set_constant
 
 # The bundled train.py with the constants these tests were written against, so retuning the
 # benchmark's defaults does not change what the synthetic ledgers mean.
-TRAIN = re.sub(r"^BATCH_SIZE = \d+", "BATCH_SIZE = 16",
-               re.sub(r"^LR = [0-9.e-]+", "LR = 0.004", (BENCH / "train.py").read_text(), count=1, flags=re.M),
-               count=1, flags=re.M)
+TRAIN = (BENCH / "train.py").read_text()
+for _name, _value in {**TEST_RECIPE, "BATCH_SIZE": "16", "LR": "0.004"}.items():
+    TRAIN = re.sub(rf"^{_name} = [^\s#]+", f"{_name} = {_value}", TRAIN, count=1, flags=re.M)
 
 
 class Synthetic:

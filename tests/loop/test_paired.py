@@ -194,11 +194,11 @@ def test_replay_checks_each_keep_on_fresh_interleaved_seeds(tmp_path, small_corp
     from mcp_server.loop.replay import latest, replay
     from mcp_server.report.writer import write_report
 
-    # a big seed effect; LR 0.016 is truly better by 0.05 on every seed; WARMUP 20 is better only on
+    # a big seed effect; LR 0.016 is truly better by 0.05 on every seed; WARMUP 7 (neither v1 nor v2 has it) is better only on
     # the campaign's own seeds (1001, 1002): a keep that should not hold on fresh seeds
     def objective(v, seed):
         val = 3.0 + random.Random(seed).gauss(0, 0.2) + 0.05 * abs(math.log2(v["LR"] / 0.016))
-        return val - (0.05 if v["WARMUP_STEPS"] == 20 and seed in (1001, 1002) else 0.0)
+        return val - (0.05 if v["WARMUP_STEPS"] == 7 and seed in (1001, 1002) else 0.0)
 
     _formula_runs(monkeypatch, objective)
     ws = make_workspace(tmp_path / "ws", small_corpus, noise={"baseline_seeds": 2, "rotate_every": 0})
@@ -211,14 +211,14 @@ def test_replay_checks_each_keep_on_fresh_interleaved_seeds(tmp_path, small_corp
         expect_lr_keep = abs(math.log2(lr0 * 2 / 0.016)) < abs(math.log2(lr0 / 0.016)) - 0.6
         v = eng.score(eng.run_experiment("LR x2").experiment_id).verdict
         assert v == ("keep" if expect_lr_keep else "discard")
-        set_constant(train, "WARMUP_STEPS", "20")
-        r = eng.run_experiment("WARMUP_STEPS 20")
+        set_constant(train, "WARMUP_STEPS", "7")
+        r = eng.run_experiment("WARMUP_STEPS 7")
         assert eng.score(r.experiment_id).verdict == "keep"
         used_before = eng.budget().experiments_used
         res = replay(eng, seeds=3)
         keeps = {k.description: k for k in res.keeps}
         assert res.runs == 2 * 3 * len(res.keeps) and not res.all_hold
-        warm = keeps["WARMUP_STEPS 20"]
+        warm = keeps["WARMUP_STEPS 7"]
         assert warm.outcome == "does not hold" and warm.gain == pytest.approx(0.0, abs=1e-9)
         assert all(p.seed not in (1001, 1002) for p in warm.pairs)   # fresh seeds only
         if expect_lr_keep:   # a real effect holds on every fresh seed
