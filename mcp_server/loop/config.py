@@ -36,6 +36,7 @@ LATE_FROZEN_FIELDS: tuple[tuple[str, str], ...] = (
     ("noise", "sigma_prior"), ("noise", "prior_pairs"), ("noise", "rotate_every"), ("noise", "early_stop"),
     ("benchmark", "clock"), ("benchmark", "budget_tokens"), ("noise", "large_effect_sigmas"),
     ("noise", "first_seed"), ("noise", "pairs"), ("noise", "min_pairs"), ("noise", "max_pairs"),
+    ("noise", "spread_alpha"),
 )
 OPERATIONAL_SECTIONS = ("campaign", "budget", "schedule", "slack", "jira", "webhook", "executor")
 
@@ -208,6 +209,11 @@ class NoiseConfig(Section):
         default=5.0, ge=0, description="comparisons whose mean paired difference is beyond this many sigma_d are "
         "left out of sigma_d (0 = none): a big effect's spread over seeds says how that effect varies with the "
         "seed, not how noisy the measurement of a small change is")
+    spread_alpha: float = Field(
+        default=0.015, ge=0, lt=0.5, description="a keep also needs the candidate's own pairs to clear a one-sided t "
+        "test at this level (their own spread, at least 2 pairs; 0 = off; fixed pairs only): a change noisier than "
+        "sigma_d is not "
+        "kept on the pooled sigma_d alone (sequential.spread_bound)")
     # adaptive pairs (mcp_server/loop/sequential.py). The default stays "fixed" so that a workspace made before
     # this field existed keeps the verdict rule its lock was made for (BENCHMARKS.md "Adaptive pairs" compares them).
     pairs: Literal["adaptive", "fixed"] = Field(default="fixed", description=(

@@ -67,3 +67,21 @@ def simulate(noise: NoiseConfig, sigma_true: float, effect_mdes: float, comparis
         runs += min(n, noise.baseline_seeds) + 2 * max(0, n - noise.baseline_seeds)
         mdes.append(m)
     return SimResult(keeps / comparisons, pairs / comparisons, runs / comparisons, statistics.fmean(mdes))
+
+
+def simulate_noisy_null(noise: NoiseConfig, sigma_gentle: float, sigma_move: float, comparisons: int,
+                        seed: int = 0, history: int = 6) -> SimResult:
+    """Keep rate of null changes noisier than the campaign's others (heteroscedastic pairs): the campaign's
+    sigma_d is pooled with the prior from `history` gentle null comparisons of SD sigma_gentle (as the
+    screens' gentle moves), and each candidate is a null change whose own paired SD is sigma_move (an
+    LR- or batch-sized move: 0.05-0.12 on bench/gpt v2, BENCHMARKS.md "A noise prior per benchmark")."""
+    rng = random.Random(seed)
+    keeps, pairs, mdes = 0, 0, []
+    for _ in range(comparisons):
+        groups = [[rng.gauss(0.0, sigma_gentle) for _ in range(noise.baseline_seeds)] for _ in range(history)]
+        sig, _ = verdict.pooled_sigma(groups, noise)
+        kind, n = _compare(noise, sigma_move, sig, 0.0, rng)
+        keeps += kind == "keep"
+        pairs += n
+        mdes.append(verdict.achieved_mde(sig, noise))
+    return SimResult(keeps / comparisons, pairs / comparisons, pairs / comparisons, statistics.fmean(mdes))

@@ -110,6 +110,60 @@ def step(diffs: Sequence[float], sigma_d: float, noise: NoiseConfig) -> tuple[St
     return "more", f"paired gain {mean:.5f} is between the bounds: too close to call ({tag})"
 
 
+# -- the candidate's own spread (every keep, either pairs rule) ----------------------------------------
+
+def t_sf(t: float, dof: int) -> float:
+    """P(T > t) for Student's t with an integer number of degrees of freedom (closed form, A&S 26.7.3-4)."""
+    if dof < 1:
+        raise ValueError("Student's t needs at least one degree of freedom")
+    theta = math.atan2(t, math.sqrt(dof))
+    c, sn = math.cos(theta), math.sin(theta)
+    if dof % 2:   # odd: A = (2/pi) (theta + sin cos (1 + 2/3 cos^2 + ...))
+        term, total = c, 0.0 if dof == 1 else c
+        for k in range(1, (dof - 1) // 2):
+            term *= c * c * (2 * k) / (2 * k + 1)
+            total += term
+        a = 2 / math.pi * (theta + sn * total) if dof > 1 else 2 / math.pi * theta
+    else:         # even: A = sin (1 + 1/2 cos^2 + 1*3/(2*4) cos^4 + ...)
+        term, total = 1.0, 1.0
+        for k in range(1, dof // 2):
+            term *= c * c * (2 * k - 1) / (2 * k)
+            total += term
+        a = sn * total
+    return (1 - a) / 2   # A = P(|T| < t)
+
+
+@lru_cache(maxsize=256)
+def t_quantile(p: float, dof: int) -> float:
+    """The t with P(T > t) = p (0 < p < 0.5), by bisection on t_sf."""
+    lo, hi = 0.0, 1e4
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if t_sf(mid, dof) > p:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def spread_bound(diffs: Sequence[float], noise: NoiseConfig) -> float:
+    """The mean gain a keep needs by the candidate's own pairs alone: a one-sided t test at `spread_alpha`
+    on their own spread, t(1 - alpha, n-1) * s / sqrt(n); 0 when off or with one pair (no spread to test: a
+    campaign of one-seed sets is judged on the pooled sigma_d alone, as before).
+
+    The pooled sigma_d is right for changes as noisy as the campaign's others; a change that moves the whole
+    trajectory (an LR or batch-sized move) can have a paired SD several times larger (BENCHMARKS.md "A noise
+    prior per benchmark"), and judged by the pooled sigma_d alone such a null change was kept 22-35 % of the
+    time. This test holds its false-keep rate whatever that change's own SD is."""
+    alpha = float(noise.spread_alpha)
+    if alpha <= 0:
+        return 0.0
+    n = len(diffs)
+    if n < 2:
+        return 0.0
+    return t_quantile(alpha, n - 1) * statistics.stdev(float(x) for x in diffs) / math.sqrt(n)
+
+
 def keep_bound(sigma_d: float, noise: NoiseConfig, n_pairs: int) -> float:
     """The mean paired gain that keeps after n pairs (the bar, as `verdict.bar` is for fixed pairs)."""
     d = design(noise)

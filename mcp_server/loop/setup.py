@@ -18,6 +18,7 @@ from mcp_server.loop import config as cfgmod
 from mcp_server.loop import gitops, integrity
 from mcp_server.loop import settings as setmod
 from mcp_server.loop.workspace import (
+    BENCH_NOISE_NAME,
     EVALUATOR_PY,
     ID_NAME,
     LOCK_NAME,
@@ -25,6 +26,7 @@ from mcp_server.loop.workspace import (
     Workspace,
     WorkspaceError,
     bench_files,
+    bench_noise_prior,
     bench_source_dir,
     bench_version,
     check_state_dir,
@@ -199,6 +201,17 @@ def _create_in(root: Path, state: Path, wid: str, src: Path, tag: str, corpus: s
         else:
             data[section] = values
     cfg = cfgmod.LoopwrightConfig.model_validate(data)
+    # the benchmark's measured noise for this clock, unless the user chose a prior (frozen with [noise])
+    prior = bench_noise_prior(src, cfg.benchmark.clock, cfg.benchmark.budget_tokens)
+    raw_noise = data.get("noise")
+    user_noise: dict = raw_noise if isinstance(raw_noise, dict) else {}
+    if prior is not None and "sigma_prior" not in user_noise:
+        data.setdefault("noise", {}).update({"sigma_prior": prior["sigma_prior"],
+                                             **({} if "prior_pairs" in user_noise else
+                                                {"prior_pairs": prior["prior_pairs"]})})
+        cfg = cfgmod.LoopwrightConfig.model_validate(data)
+    else:
+        prior = None
     # Operational settings go to the state directory, the frozen ones to the workspace.
     setmod.save(state / setmod.SETTINGS_NAME, setmod.validate(
         {k: v for k, v in cfg.model_dump(mode="json", exclude_none=True).items() if k in cfgmod.OPERATIONAL_SECTIONS}))
@@ -215,7 +228,9 @@ def _create_in(root: Path, state: Path, wid: str, src: Path, tag: str, corpus: s
     lock = {**{n: gitops.file_sha256(root / n) for n in EVALUATOR_PY if (root / n).is_file()},
             "config_frozen": cfg.frozen_hash(),
             "data": data_hashes(meta), "tokenizer": meta.get("tokenizer"), "corpus": meta.get("corpus"),
-            "workspace_id": wid, "benchmark_version": bench_version(src)}
+            "workspace_id": wid, "benchmark_version": bench_version(src),
+            **({"noise_prior": {"file": BENCH_NOISE_NAME, "sha256": prior["sha256"], "clock": cfg.benchmark.clock}}
+               if prior is not None else {})}
     _pin_and_start(ws, lock, tag, f"loopwright: pin evaluator and baseline ({tag})", {})
     ws.sync_train_view()
     return ws

@@ -160,7 +160,14 @@ def decide(diffs: Sequence[float], sigma_d: float, noise: NoiseConfig, n_planned
                                            f"{noise.k_sigma:g} sigma_d = {noise.k_sigma * sigma_d:.5f}); stopped "
                                            "early", early_stop=True)
     if gain >= b:
-        return Verdict("keep", gain, b, f"paired gain {gain:.5f} >= bar {b:.5f} ({tag})")
+        own = sequential.spread_bound(diffs, noise)
+        if gain >= own:
+            return Verdict("keep", gain, b, f"paired gain {gain:.5f} >= bar {b:.5f} ({tag})")
+        spread = f"paired gain {gain:.5f} >= bar {b:.5f} but below its own pairs' spread bound {own:.5f} ({tag})"
+        if n_confirms < noise.max_confirms + 1:   # one confirm more than near the bar: see spread_bound
+            return Verdict("retest", gain, b, f"{spread}; one more pair on a fresh seed (candidate and reference) "
+                                              "with run_experiment(confirm_of=ID)")
+        return Verdict("discard", gain, b, spread)
     if gain > 0 and gain >= (1.0 - noise.retest_band) * b and n_confirms < noise.max_confirms:
         return Verdict("retest", gain, b, f"paired gain {gain:.5f} is near the bar {b:.5f} ({tag}); confirm on "
                                           "a fresh seed (candidate and reference) with run_experiment(confirm_of=ID)")

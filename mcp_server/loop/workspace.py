@@ -21,6 +21,7 @@ of the training split for train.py (`train_view_dir`).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -30,6 +31,11 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Optional
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 from mcp_server.ledger.store import Ledger
 from mcp_server.loop import config as cfgmod
@@ -44,6 +50,8 @@ EVALUATOR_PY = ("prepare.py", *EVALUATOR_SIBLINGS)
 # A benchmark folder's VERSION names its reference baseline ("v1"): the bundled train.py never changes within
 # a version (a campaign's keeps live on its branch, records in bench/gpt/RECORDS.md); init writes it to the lock.
 BENCH_VERSION_NAME = "VERSION"
+# Its noise.toml declares the baseline's measured paired noise per budget clock (bench_noise_prior).
+BENCH_NOISE_NAME = "noise.toml"
 _VERSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,31}$")
 ID_NAME = "workspace-id"          # in the workspace's .loopwright/: which state directory is ours
 RECORD_NAME = "workspace.json"    # in the state directory: which workspace it belongs to, the pinned commit
@@ -126,6 +134,29 @@ def bench_version(src: Path) -> Optional[str]:
         raise WorkspaceError(f"{path} must hold one version name such as v1 (letters, digits, . _ -), "
                              f"not {text[:40]!r}; fix the file or remove it")
     return text
+
+
+def bench_noise_prior(src: Path, clock: str, budget_tokens: int) -> Optional[dict]:
+    """The paired-noise prior a benchmark folder declares for its version and this budget clock, from its
+    BENCH_NOISE_NAME: {"sigma_prior", "prior_pairs", "sha256"}; None when it declares none that fits (no file,
+    another version, another clock, or a steps budget other than the one measured)."""
+    path = Path(src) / BENCH_NOISE_NAME
+    if not path.is_file():
+        return None
+    raw = path.read_bytes()
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+        entry = data.get(clock)
+        if data.get("version") != bench_version(src) or not isinstance(entry, dict):
+            return None
+        if "budget_tokens" in entry and int(entry["budget_tokens"]) != int(budget_tokens):
+            return None
+        sigma, dof = float(entry["sigma_prior"]), float(entry["prior_pairs"])
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+        raise WorkspaceError(f"{path} is not a valid noise prior ({e}); fix or remove it") from None
+    if not (sigma >= 0 and dof >= 0):
+        raise WorkspaceError(f"{path}: sigma_prior and prior_pairs must be >= 0")
+    return {"sigma_prior": sigma, "prior_pairs": dof, "sha256": hashlib.sha256(raw).hexdigest()}
 
 
 def lock_benchmark_version(root: Path) -> Optional[str]:

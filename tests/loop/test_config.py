@@ -52,9 +52,9 @@ def test_a_lock_written_before_later_frozen_fields_existed_still_matches_after_a
         cfg = parse_config(text)
         assert old_hash(cfg, missing) in cfg.frozen_hashes(), missing
     # the newest field set away from its default: no older lock can match, and a changed value never does
-    assert LATE_FROZEN_FIELDS[-1] == ("noise", "max_pairs")
-    cfg = parse_config(full.replace("max_pairs = 6", "max_pairs = 5"))
-    assert cfg.noise.max_pairs == 5 and cfg.frozen_hashes() == {cfg.frozen_hash()}
+    assert LATE_FROZEN_FIELDS[-1] == ("noise", "spread_alpha")
+    cfg = parse_config(full.replace("spread_alpha = 0.015", "spread_alpha = 0.01"))
+    assert cfg.noise.spread_alpha == 0.01 and cfg.frozen_hashes() == {cfg.frozen_hash()}
     assert LoopwrightConfig().frozen_hash() not in cfg.frozen_hashes()
     changed = parse_config(full.replace("time_budget = 30.0", "time_budget = 31.0"))
     assert not LoopwrightConfig().frozen_hashes() & changed.frozen_hashes()
