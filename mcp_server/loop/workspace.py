@@ -159,6 +159,15 @@ def bench_noise_prior(src: Path, clock: str, budget_tokens: int) -> Optional[dic
     return {"sigma_prior": sigma, "prior_pairs": dof, "sha256": hashlib.sha256(raw).hexdigest()}
 
 
+def lock_noise_prior(root: Path) -> Optional[dict]:
+    """The benchmark noise prior loopwright.lock records (init took sigma_prior from noise.toml), or None."""
+    try:
+        v = json.loads((Path(root) / LOCK_NAME).read_text()).get("noise_prior")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return v if isinstance(v, dict) else None
+
+
 def lock_benchmark_version(root: Path) -> Optional[str]:
     """The benchmark version committed in the workspace's loopwright.lock (None: made before versions, or
     from a benchmark folder without a VERSION)."""

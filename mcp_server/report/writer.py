@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Optional
 from mcp_server.loop import verdict as verdictmod
 from mcp_server.loop.config import LoopwrightConfig
 from mcp_server.loop.targets import metric_label
+from mcp_server.loop.workspace import lock_noise_prior
 from mcp_server.notify.events import plot_marker_key
 
 if TYPE_CHECKING:   # replay imports the runner; the report needs it only when one was run
@@ -69,6 +70,7 @@ class ReportData:
     mechanism_lines: list[str] = field(default_factory=list)   # mechanisms/report.py: the outer loop's section
     approval_lines: list[str] = field(default_factory=list)    # loop/approvals.py: what waited on a person
     executor_lines: list[str] = field(default_factory=list)    # executor_section: in flight, workers, lost runs
+    prior_note: str = ""   # where sigma_d's prior came from
     benchmark_version: Optional[str] = None   # loopwright.lock's: the reference baseline is fixed within it
     metric: str = "val_bpb"        # what the score is called: a target's own metric (loop/targets.py)
     unit: str = "bits/byte"
@@ -332,7 +334,7 @@ def render_markdown(data: ReportData, plot_name: str = "progress.png", tsv_name:
           f"- Baseline samples: {', '.join(_f(_shown(data, v)) for v in data.baseline) or '—'}",
           f"- σ across seeds (unpaired, floored): {_f(data.sigma, 5)}; σ of a paired difference "
           f"(candidate − reference on the same seed): **{_f(data.sigma_paired, 5)}** ({data.paired_dof} degree(s) of "
-          "freedom from this campaign's pairs, plus the prior).",
+          f"freedom from this campaign's pairs, plus the prior{data.prior_note}).",
           f"- Paired verdict: a candidate runs on the reference's {data.n_pairs} seeds; keep iff its mean paired gain "
           f"≥ max(min_delta {data.min_delta}, {data.k_sigma} σ_d / √{data.n_pairs}) = **{_f(data.threshold, 5)}**; near "
           "the bar a confirm pair on a fresh seed decides."
@@ -467,6 +469,10 @@ def write_report(workspace: Path | str | None = None) -> ReportFiles:
         status = budgetmod.check(eng.ledger, c["id"], eng.ws.cfg.budget, eng.best(c)[0])
         data = collect(rows, eng.ws.cfg, c["tag"], status.model_dump())
         data.benchmark_version = eng.ws.benchmark_version
+        declared, nz = lock_noise_prior(eng.ws.root), eng.ws.cfg.noise
+        data.prior_note = (f" {nz.sigma_prior:g} worth {nz.prior_pairs:g} pairs, the benchmark's measured noise on the "
+                           f"{declared.get('clock')} clock (its noise.toml); the MDE below is set by it until this "
+                           "campaign's pairs outweigh it" if declared else f" {nz.sigma_prior:g} worth {nz.prior_pairs:g} pairs")
         from mcp_server.loop.replay import latest
         data.replay = latest(eng.ledger, c["id"])
         from mcp_server.mechanisms.report import section as mechanism_section
