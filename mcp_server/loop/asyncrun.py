@@ -457,7 +457,9 @@ def record(eng: LoopEngine, drv: Optional[Driver], out: RunOutcome, interrupted:
 
 
 def _own_runs(eng: LoopEngine, cand: dict) -> list[dict]:
-    return [r for r in [cand] + eng.ledger.confirm_runs(cand["id"]) if r["status"] != "lost"]
+    """The candidate's runs that count: a lost or interrupted run is not the change's outcome (re-queued, its new
+    row stands for it; lost twice, `_decide` closes the candidate on that)."""
+    return [r for r in [cand] + eng.ledger.confirm_runs(cand["id"]) if r["status"] not in ("lost", "interrupted")]
 
 
 def _close(eng: LoopEngine, c: dict, sub: dict, rows: list[dict], kind: str, reason: str) -> None:

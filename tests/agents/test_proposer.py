@@ -14,19 +14,9 @@ import pytest
 from mcp_server.agents.builtin import Planner, divisibility_constraints, moves, satisfies, set_constant
 from mcp_server.mechanisms.source import constant_values, tunable_constants
 
-from conftest import BENCH, FROZEN_PY, REPO, TEST_RECIPE, hobbled_bench, make_workspace
+from conftest import BENCH, FROZEN_PY, RECIPE_TRAIN, REPO, hobbled_bench, make_workspace
 
-
-# The bundled train.py with the constants these tests were written against, so retuning the
-# benchmark's defaults does not change what the synthetic ledgers mean.
-def _pinned(src: str, values: dict[str, str]) -> str:
-    for name, value in values.items():
-        src, n = re.subn(rf"^{name} = [^\s#]+", f"{name} = {value}", src, count=1, flags=re.M)
-        assert n == 1, name
-    return src
-
-
-TRAIN = _pinned((BENCH / "train.py").read_text(), {**TEST_RECIPE, "BATCH_SIZE": "16", "LR": "0.004"})
+TRAIN = RECIPE_TRAIN
 
 
 def _changed_lines(a: str, b: str) -> list[tuple[str, str]]:

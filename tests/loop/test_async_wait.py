@@ -195,3 +195,44 @@ def test_submit_records_the_structured_change_and_refuses_one_train_py_does_not_
     finally:
         asyncrun.close_driver(eng)
         eng.close()
+
+
+class _Hang(InstantExecutor):
+    """Takes runs and never finishes them (the driver is stopped meanwhile)."""
+
+    def submit(self, spec: RunSpec) -> int:
+        self._done[spec.run_id] = None   # type: ignore[assignment]
+        return spec.run_id
+
+    def wait(self, handles: Optional[Iterable[int]] = None, timeout: Optional[float] = None) -> list[RunOutcome]:
+        time.sleep(min(timeout or 0.05, 0.05))
+        return []
+
+
+def test_an_interrupted_candidate_is_re_queued_and_judged_on_its_new_runs(tmp_path, small_corpus, monkeypatch):
+    """A driver stops while a candidate's runs are in flight: the next driver re-queues them, and the verdict is
+    on the new runs (the interrupted rows hang under the new candidate and must not count as its failure)."""
+    monkeypatch.setattr(asyncrun, "make_executor", lambda *a, **k: InstantExecutor())
+    ws = make_workspace(tmp_path / "ws", small_corpus, bench_dir=hobbled_bench(tmp_path / "bench"), **STEPS)
+    eng = Engine(ws.root)
+    try:
+        base = eng.submit_experiment("baseline")
+        eng.wait([base.experiment_id], timeout=30)
+        asyncrun.close_driver(eng)
+        monkeypatch.setattr(asyncrun, "make_executor", lambda *a, **k: _Hang())
+        set_constant(ws.root / "train.py", "LR", "0.004")
+        sub = eng.submit_experiment("normal learning rate")
+        assert eng.ledger.inflight(eng.campaign["id"]), "the candidate's runs are in flight"
+        asyncrun.close_driver(eng)                       # the driver stops; its runs stay in flight
+        monkeypatch.setattr(asyncrun, "make_executor", lambda *a, **k: InstantExecutor())
+        res = eng.wait(None, timeout=30)
+        assert res.results and all(r.state == "decided" for r in res.results), res
+        old = eng.ledger.experiment(sub.experiment_id)
+        assert old["status"] == "interrupted" and "re-queued as #" in old["reason"], old
+        new = eng.ledger.experiment(int(old["reason"].rsplit("#", 1)[1]))
+        assert new["status"] == "ok", new
+        assert new["verdict"] == "keep", (new["verdict"], new["verdict_reason"])
+        assert eng.campaign["best_commit"] == new["commit_sha"]
+    finally:
+        asyncrun.close_driver(eng)
+        eng.close()

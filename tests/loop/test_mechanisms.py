@@ -1,7 +1,6 @@
 """Search mechanisms on synthetic ledgers: tabu, plateau, bandit, and the suggest_next tool."""
 from __future__ import annotations
 
-import re
 import time
 from pathlib import Path
 
@@ -15,13 +14,9 @@ from mcp_server.mechanisms.plateau import Plateau
 from mcp_server.mechanisms.source import DENY_RE, all_constants, category_of, constant_values, skeleton, tunable_constants
 from mcp_server.mechanisms.tabu import Tabu
 
-from conftest import BENCH, FROZEN_PY, TEST_RECIPE, make_workspace, record_baseline, set_constant
+from conftest import BENCH, FROZEN_PY, RECIPE_TRAIN, make_workspace, record_baseline, set_constant
 
-# The bundled train.py with the constants these tests were written against, so retuning the
-# benchmark's defaults does not change what the synthetic ledgers mean.
-TRAIN = (BENCH / "train.py").read_text()
-for _name, _value in {**TEST_RECIPE, "BATCH_SIZE": "16", "LR": "0.004"}.items():
-    TRAIN = re.sub(rf"^{_name} = [^\s#]+", f"{_name} = {_value}", TRAIN, count=1, flags=re.M)
+TRAIN = RECIPE_TRAIN
 
 
 class Synthetic:

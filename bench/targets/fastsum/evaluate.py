@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "hidden"))
 
 
 def task_for(seed):
-    """The same task harness.py derives (tests/test_harness.py keeps the two in step)."""
+    """The same task harness.py derives (tests/test_solution.py keeps the two in step)."""
     return {"seed": seed, "limit": 200_000 + seed % 1000, "n": 20_000, "period": 3000,
             "offset": 1_000_000 + (seed * 7919) % 100_000}
 
