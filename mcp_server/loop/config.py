@@ -210,10 +210,10 @@ class NoiseConfig(Section):
         "left out of sigma_d (0 = none): a big effect's spread over seeds says how that effect varies with the "
         "seed, not how noisy the measurement of a small change is")
     spread_alpha: float = Field(
-        default=0.015, ge=0, lt=0.5, description="a keep also needs the candidate's own pairs to clear a one-sided t "
+        default=0.0, ge=0, lt=0.5, description="a keep also needs the candidate's own pairs to clear a one-sided t "
         "test at this level (their own spread, at least 2 pairs; 0 = off; fixed pairs only): a change noisier than "
-        "sigma_d is not "
-        "kept on the pooled sigma_d alone (sequential.spread_bound)")
+        "sigma_d is not kept on the pooled sigma_d alone (sequential.spread_bound). Off by default: it makes a low "
+        "sigma_prior safe, so a benchmark's noise.toml that declares one sets it with it (0.015 for bench/gpt)")
     # adaptive pairs (mcp_server/loop/sequential.py). The default stays "fixed" so that a workspace made before
     # this field existed keeps the verdict rule its lock was made for (BENCHMARKS.md "Adaptive pairs" compares them).
     pairs: Literal["adaptive", "fixed"] = Field(default="fixed", description=(

@@ -206,9 +206,8 @@ def _create_in(root: Path, state: Path, wid: str, src: Path, tag: str, corpus: s
     raw_noise = data.get("noise")
     user_noise: dict = raw_noise if isinstance(raw_noise, dict) else {}
     if prior is not None and "sigma_prior" not in user_noise:
-        data.setdefault("noise", {}).update({"sigma_prior": prior["sigma_prior"],
-                                             **({} if "prior_pairs" in user_noise else
-                                                {"prior_pairs": prior["prior_pairs"]})})
+        data.setdefault("noise", {}).update({"sigma_prior": prior["sigma_prior"], **{
+            k: prior[k] for k in ("prior_pairs", "spread_alpha") if k not in user_noise}})
         cfg = cfgmod.LoopwrightConfig.model_validate(data)
     else:
         prior = None

@@ -138,7 +138,7 @@ def bench_version(src: Path) -> Optional[str]:
 
 def bench_noise_prior(src: Path, clock: str, budget_tokens: int) -> Optional[dict]:
     """The paired-noise prior a benchmark folder declares for its version and this budget clock, from its
-    BENCH_NOISE_NAME: {"sigma_prior", "prior_pairs", "sha256"}; None when it declares none that fits (no file,
+    BENCH_NOISE_NAME: {"sigma_prior", "prior_pairs", "spread_alpha", "sha256"}; None when it declares none that fits (no file,
     another version, another clock, or a steps budget other than the one measured)."""
     path = Path(src) / BENCH_NOISE_NAME
     if not path.is_file():
@@ -152,11 +152,12 @@ def bench_noise_prior(src: Path, clock: str, budget_tokens: int) -> Optional[dic
         if "budget_tokens" in entry and int(entry["budget_tokens"]) != int(budget_tokens):
             return None
         sigma, dof = float(entry["sigma_prior"]), float(entry["prior_pairs"])
+        alpha = float(entry.get("spread_alpha", 0.0))
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
         raise WorkspaceError(f"{path} is not a valid noise prior ({e}); fix or remove it") from None
-    if not (sigma >= 0 and dof >= 0):
-        raise WorkspaceError(f"{path}: sigma_prior and prior_pairs must be >= 0")
-    return {"sigma_prior": sigma, "prior_pairs": dof, "sha256": hashlib.sha256(raw).hexdigest()}
+    if not (sigma >= 0 and dof >= 0 and 0 <= alpha < 0.5):
+        raise WorkspaceError(f"{path}: sigma_prior and prior_pairs must be >= 0, spread_alpha in [0, 0.5)")
+    return {"sigma_prior": sigma, "prior_pairs": dof, "spread_alpha": alpha, "sha256": hashlib.sha256(raw).hexdigest()}
 
 
 def lock_noise_prior(root: Path) -> Optional[dict]:

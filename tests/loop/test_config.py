@@ -53,7 +53,7 @@ def test_a_lock_written_before_later_frozen_fields_existed_still_matches_after_a
         assert old_hash(cfg, missing) in cfg.frozen_hashes(), missing
     # the newest field set away from its default: no older lock can match, and a changed value never does
     assert LATE_FROZEN_FIELDS[-1] == ("noise", "spread_alpha")
-    cfg = parse_config(full.replace("spread_alpha = 0.015", "spread_alpha = 0.01"))
+    cfg = parse_config(full.replace("spread_alpha = 0.0", "spread_alpha = 0.01"))
     assert cfg.noise.spread_alpha == 0.01 and cfg.frozen_hashes() == {cfg.frozen_hash()}
     assert LoopwrightConfig().frozen_hash() not in cfg.frozen_hashes()
     changed = parse_config(full.replace("time_budget = 30.0", "time_budget = 31.0"))

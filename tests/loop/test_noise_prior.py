@@ -11,7 +11,7 @@ from mcp_server.loop.workspace import bench_noise_prior, bench_source_dir
 pytestmark = pytest.mark.unit
 
 # the demo's rule (fixed pairs, seed sets of 2) at bench/gpt v2's steps-clock prior
-DEMO = NoiseConfig(baseline_seeds=2, sigma_prior=0.0042, prior_pairs=8)
+DEMO = NoiseConfig(baseline_seeds=2, sigma_prior=0.0042, prior_pairs=8, spread_alpha=0.015)
 
 
 def test_bundled_benchmark_declares_the_demo_clock_prior_only():
@@ -20,6 +20,8 @@ def test_bundled_benchmark_declares_the_demo_clock_prior_only():
     src = bench_source_dir()
     p = bench_noise_prior(src, DEMO_CLOCK, DEMO_BUDGET_TOKENS)
     assert p is not None and 0 < p["sigma_prior"] < 0.06 and p["prior_pairs"] > 0 and len(p["sha256"]) == 64
+    assert p["spread_alpha"] > 0    # a low prior comes with the own-spread test, or noisy null moves are kept
+    assert NoiseConfig().spread_alpha == 0    # elsewhere the default rule is unchanged
     assert bench_noise_prior(src, "cpu", DEMO_BUDGET_TOKENS) is None        # not measured there: the default
     assert bench_noise_prior(src, DEMO_CLOCK, DEMO_BUDGET_TOKENS // 2) is None   # another run length
 
