@@ -110,7 +110,7 @@ def step(diffs: Sequence[float], sigma_d: float, noise: NoiseConfig) -> tuple[St
     return "more", f"paired gain {mean:.5f} is between the bounds: too close to call ({tag})"
 
 
-# -- the candidate's own spread (every keep, either pairs rule) ----------------------------------------
+# -- the candidate's own spread (a keep under fixed pairs, where spread_alpha is set) ----------------------------------------
 
 def t_sf(t: float, dof: int) -> float:
     """P(T > t) for Student's t with an integer number of degrees of freedom (closed form, A&S 26.7.3-4)."""
@@ -153,7 +153,7 @@ def spread_bound(diffs: Sequence[float], noise: NoiseConfig) -> float:
 
     The pooled sigma_d is right for changes as noisy as the campaign's others; a change that moves the whole
     trajectory (an LR or batch-sized move) can have a paired SD several times larger (BENCHMARKS.md "A noise
-    prior per benchmark"), and judged by the pooled sigma_d alone such a null change was kept 22-35 % of the
+    prior per benchmark"), and judged by the pooled sigma_d alone such a null change was kept about 37 % of the
     time. This test holds its false-keep rate whatever that change's own SD is."""
     alpha = float(noise.spread_alpha)
     if alpha <= 0:
