@@ -211,7 +211,8 @@ class NoiseConfig(Section):
         "seed, not how noisy the measurement of a small change is")
     spread_alpha: float = Field(
         default=0.0, ge=0, lt=0.5, description="a keep also needs the candidate's own pairs to clear a one-sided t "
-        "test at this level (their own spread, at least 2 pairs; 0 = off; fixed pairs only): a change noisier than "
+        "test at this level (their own spread, at least 2 pairs; 0 = off; adaptive pairs test at 2/3 of it after each "
+        "pair): a change noisier than "
         "sigma_d is not kept on the pooled sigma_d alone (sequential.spread_bound). Off by default: it makes a low "
         "sigma_prior safe, so a benchmark's noise.toml that declares one sets it with it (0.015 for bench/gpt)")
     # adaptive pairs (mcp_server/loop/sequential.py). The default stays "fixed" so that a workspace made before
@@ -228,6 +229,10 @@ class NoiseConfig(Section):
         if self.min_pairs > self.max_pairs:
             raise ValueError(f"noise.min_pairs ({self.min_pairs}) is more than noise.max_pairs ({self.max_pairs}); "
                              "set min_pairs <= max_pairs (e.g. min_pairs = 1, max_pairs = 6)")
+        if self.pairs == "adaptive" and self.spread_alpha > 0 and self.max_pairs < 3:
+            raise ValueError(f"noise.spread_alpha ({self.spread_alpha:g}) needs noise.max_pairs >= 3 under adaptive "
+                             f"pairs (it is {self.max_pairs}): a keep must clear a t test on its own pairs, which "
+                             "one or two pairs almost never do; raise max_pairs (default 6) or set spread_alpha = 0")
         return self
 
 

@@ -25,6 +25,12 @@ with the prior; mcp_server/loop/pairsim.py, checked in tests/loop/test_sequentia
 at one MDE, 1.1 for a gain of 3 MDEs or a loss of one MDE (baseline_seeds 3); the fixed design spends
 the whole seed set on each, plus confirms near the bar (BENCHMARKS.md "Adaptive pairs"). The rates are
 per comparison: a campaign of many null changes keeps some, which replay (`loopwright replay`) checks.
+
+With `spread_alpha` set (a low prior), a keep also needs the candidate's own pairs to clear a t test, at
+ADAPTIVE_SPREAD_SHARE of spread_alpha after each pair from the second on; crossing the keep bound without it
+means one more pair. The MDE is then found by simulation (`simulated_operating`): 1.87 sigma_d at
+baseline_seeds 2. Null moves of any own SD are kept <= 5 % (3-4 % simulated at bench/gpt's prior,
+tests/loop/test_noise_prior.py).
 """
 from __future__ import annotations
 
@@ -102,7 +108,15 @@ def step(diffs: Sequence[float], sigma_d: float, noise: NoiseConfig) -> tuple[St
            f"{up * sigma_d / n:.5f}, discard <= {lo * sigma_d / n:.5f}")
     last = n >= d.max_pairs or len(diffs) >= d.max_pairs
     if s >= up and mean >= noise.min_delta:
-        return "keep", f"paired gain {mean:.5f} crossed the keep bound ({tag})"
+        own = spread_bound(diffs, noise)
+        if spread_ok(diffs, noise):
+            return "keep", f"paired gain {mean:.5f} crossed the keep bound ({tag})"
+        spread = (f"paired gain {mean:.5f} crossed the keep bound but not its own pairs' spread bound {own:.5f}"
+                  if len(diffs) >= 2 else f"paired gain {mean:.5f} crossed the keep bound on one pair, which has no "
+                  "spread of its own to test")
+        if not last:
+            return "more", f"{spread}: one more pair ({tag})"
+        return "discard", f"{spread} after the maximum {d.max_pairs} pairs ({tag})"
     if s <= lo or last:
         why = (f"paired gain {mean:.5f} crossed the discard bound" if s <= lo and not last else
                f"paired gain {mean:.5f} is below the keep bound after the maximum {d.max_pairs} pairs")
@@ -110,7 +124,7 @@ def step(diffs: Sequence[float], sigma_d: float, noise: NoiseConfig) -> tuple[St
     return "more", f"paired gain {mean:.5f} is between the bounds: too close to call ({tag})"
 
 
-# -- the candidate's own spread (a keep under fixed pairs, where spread_alpha is set) ----------------------------------------
+# -- the candidate's own spread (a keep, where spread_alpha is set) ---------------------------------------------
 
 def t_sf(t: float, dof: int) -> float:
     """P(T > t) for Student's t with an integer number of degrees of freedom (closed form, A&S 26.7.3-4)."""
@@ -146,6 +160,29 @@ def t_quantile(p: float, dof: int) -> float:
     return hi
 
 
+# The adaptive test looks at the candidate's own spread after every pair from the second on (up to max_pairs - 1
+# looks, where fixed pairs look once per seed set and retest); each look at this share of spread_alpha keeps a
+# null change of any own SD at <= 5 % overall (3.4-3.5 % simulated at spread_alpha 0.015; 4.7-4.9 % at the full
+# level: BENCHMARKS.md "Adaptive pairs with the own-spread test").
+ADAPTIVE_SPREAD_SHARE = 2 / 3
+
+
+def spread_level(noise: NoiseConfig) -> float:
+    """The one-sided level of the own-spread t test at each look (0 = off)."""
+    alpha = float(noise.spread_alpha)
+    return alpha * ADAPTIVE_SPREAD_SHARE if noise.pairs == "adaptive" else alpha
+
+
+def spread_ok(diffs: Sequence[float], noise: NoiseConfig) -> bool:
+    """Whether the candidate's own pairs allow a keep: always when the test is off; under adaptive pairs never on
+    one pair (fixed pairs keep a one-seed set on the pooled sigma_d alone, as before the test existed)."""
+    if spread_level(noise) <= 0:
+        return True
+    if len(diffs) < 2:
+        return noise.pairs != "adaptive"
+    return -statistics.fmean(float(x) for x in diffs) >= spread_bound(diffs, noise)
+
+
 def spread_bound(diffs: Sequence[float], noise: NoiseConfig) -> float:
     """The mean gain a keep needs by the candidate's own pairs alone: a one-sided t test at `spread_alpha`
     on their own spread, t(1 - alpha, n-1) * s / sqrt(n); 0 when off or with one pair (no spread to test: a
@@ -155,7 +192,7 @@ def spread_bound(diffs: Sequence[float], noise: NoiseConfig) -> float:
     trajectory (an LR or batch-sized move) can have a paired SD several times larger (BENCHMARKS.md "A noise
     prior per benchmark"), and judged by the pooled sigma_d alone such a null change was kept about 37 % of the
     time. This test holds its false-keep rate whatever that change's own SD is."""
-    alpha = float(noise.spread_alpha)
+    alpha = spread_level(noise)
     if alpha <= 0:
         return 0.0
     n = len(diffs)
@@ -207,21 +244,54 @@ def operating(noise: NoiseConfig, effect: float) -> tuple[float, float]:
     return p_keep, e_n
 
 
+def simulated_operating(noise: NoiseConfig, effect: float, comparisons: int = 20000,
+                        seed: int = 0) -> tuple[float, float]:
+    """(probability of a keep, expected pairs) for a true mean gain of `effect` sigma_d, by simulation at a
+    known sigma_d, with the own-spread test (which `operating`'s recursion on S_n alone cannot follow: it
+    needs each comparison's own spread). Vectorised `step` (tests/loop/test_sequential.py checks the two
+    agree); a fixed seed makes it deterministic, so the MDE search below is monotone in the effect."""
+    d = design(noise)
+    gains = effect + np.random.default_rng(seed).standard_normal((comparisons, d.max_pairs))
+    open_ = np.ones(comparisons, dtype=bool)
+    kept = np.zeros(comparisons, dtype=bool)
+    pairs = np.zeros(comparisons)
+    level = spread_level(noise)
+    for n in range(1, d.max_pairs + 1):
+        g = gains[:, :n]
+        s, mean = g.sum(axis=1), g.mean(axis=1)
+        if level <= 0:
+            own_ok = np.ones(comparisons, dtype=bool)
+        elif n < 2:
+            own_ok = np.zeros(comparisons, dtype=bool)
+        else:
+            own_ok = mean >= t_quantile(level, n - 1) * g.std(axis=1, ddof=1) / math.sqrt(n)
+        keep = open_ & (s >= d.upper[n - 1]) & own_ok
+        stop = open_ & ~keep & ((s <= d.lower[n - 1]) | (n == d.max_pairs))
+        kept |= keep
+        pairs[keep | stop] = n
+        open_ &= ~(keep | stop)
+    return float(kept.mean()), float(pairs.mean())
+
+
 def achieved_mde(sigma_d: float, noise: NoiseConfig) -> float:
     """The true gain kept with at least 80 % probability under adaptive pairs (bits/byte), at least min_delta:
-    MDE_POWER at a known sigma_d, which leaves room for the estimate's own noise."""
+    MDE_POWER at a known sigma_d, which leaves room for the estimate's own noise. With the own-spread test
+    the search runs on `simulated_operating` (the test costs power: the MDE is 7-20 % larger)."""
     return max(noise.min_delta, _mde_sigmas(float(noise.k_sigma), int(noise.baseline_seeds),
-                                            int(noise.min_pairs), int(noise.max_pairs)) * sigma_d)
+                                            int(noise.min_pairs), int(noise.max_pairs),
+                                            float(noise.spread_alpha)) * sigma_d)
 
 
 @lru_cache(maxsize=64)
-def _mde_sigmas(k_sigma: float, seeds: int, min_pairs: int, max_pairs: int) -> float:
+def _mde_sigmas(k_sigma: float, seeds: int, min_pairs: int, max_pairs: int, spread_alpha: float = 0.0) -> float:
     noise = NoiseConfig(k_sigma=k_sigma, baseline_seeds=seeds, min_pairs=min_pairs, max_pairs=max_pairs,
-                        pairs="adaptive")
+                        pairs="adaptive", spread_alpha=spread_alpha)
+    keep_rate = ((lambda e: simulated_operating(noise, e)[0]) if spread_alpha > 0 else
+                 (lambda e: operating(noise, e)[0]))
     lo, hi = 0.0, 10.0
-    for _ in range(30):   # P(keep) rises with the effect
+    for _ in range(20 if spread_alpha > 0 else 30):   # P(keep) rises with the effect
         mid = (lo + hi) / 2
-        if operating(noise, mid)[0] >= MDE_POWER:
+        if keep_rate(mid) >= MDE_POWER:
             hi = mid
         else:
             lo = mid

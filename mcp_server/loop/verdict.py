@@ -161,7 +161,7 @@ def decide(diffs: Sequence[float], sigma_d: float, noise: NoiseConfig, n_planned
                                            "early", early_stop=True)
     if gain >= b:
         own = sequential.spread_bound(diffs, noise)
-        if gain >= own:
+        if sequential.spread_ok(diffs, noise):
             return Verdict("keep", gain, b, f"paired gain {gain:.5f} >= bar {b:.5f} ({tag})")
         spread = f"paired gain {gain:.5f} >= bar {b:.5f} but below its own pairs' spread bound {own:.5f} ({tag})"
         if n_confirms < noise.max_confirms + 1:   # one confirm more than near the bar: see spread_bound

@@ -61,3 +61,55 @@ def test_noisy_null_moves_are_kept_at_most_5_percent_and_one_mde_still_80():
     assert pairsim.simulate_noisy_null(off, 0.004, 0.08, 1000, seed=1).keep_rate > 0.2   # what it guards against
     assert pairsim.simulate(DEMO, 0.0042, 0.0, 2000, seed=4).keep_rate <= 0.05
     assert pairsim.simulate(DEMO, 0.0042, 1.0, 2000, seed=3).keep_rate >= 0.78   # 81.6 % at 3,000 (sampling)
+
+
+ADAPTIVE = DEMO.model_copy(update={"pairs": "adaptive"})
+
+
+def test_adaptive_pairs_with_a_low_prior_keep_few_noisy_null_moves_and_one_mde():
+    """Adaptive pairs on the same low prior: the sequential test alone kept 46-49 % of the noisy null moves; with
+    the own-spread test after each pair (at 2/3 of spread_alpha per look) <= 5 %, and the MDE it reports (found
+    with the test in place) is still kept >= 80 %."""
+    for sm in (0.05, 0.12):
+        r = pairsim.simulate_noisy_null(ADAPTIVE, 0.004, sm, 2000, seed=int(sm * 1000))
+        assert r.keep_rate <= 0.05, (sm, r)
+    off = ADAPTIVE.model_copy(update={"spread_alpha": 0.0})
+    assert pairsim.simulate_noisy_null(off, 0.004, 0.08, 1000, seed=2).keep_rate > 0.3   # what it guards against
+    assert pairsim.simulate(ADAPTIVE, 0.0042, 0.0, 2000, seed=5).keep_rate <= 0.05
+    at_mde = pairsim.simulate(ADAPTIVE, 0.0042, 1.0, 2000, seed=6)
+    assert at_mde.keep_rate >= 0.78, at_mde   # 80-82 % at 20,000 (sampling error at 2,000: about 0.9 points)
+    # the test costs power, so the reported MDE grows, but stays below the fixed design's at the same seed set
+    assert sequential.achieved_mde(1.0, off) < sequential.achieved_mde(1.0, ADAPTIVE) < verdict.mde(1.0, DEMO, 2)
+
+
+def test_adaptive_spread_test_needs_a_second_pair_and_waits_rather_than_discards():
+    sigma = 0.005
+    assert verdict.decide([-0.05], sigma, ADAPTIVE, n_planned=2).kind == "retest"   # one pair: no spread to test
+    v = verdict.decide([-0.09, +0.01], sigma, ADAPTIVE, n_planned=2)
+    assert v.kind == "retest" and "spread" in v.reason            # crossed the bound, not its own spread: one more
+    steady = [-0.040, -0.041, -0.039]
+    assert verdict.decide(steady, sigma, ADAPTIVE, n_planned=2).kind == "keep"
+    noisy = [-0.09, +0.01, -0.10, +0.02, -0.08, +0.03]          # mean gain 0.035, own SD 0.06: never clears it
+    v = verdict.decide(noisy, sigma, ADAPTIVE, n_planned=2)
+    assert v.kind == "discard" and "maximum" in v.reason
+
+
+def test_simulated_operating_characteristic_follows_the_verdict_rule():
+    """The vectorised simulation behind the reported MDE agrees with comparisons run through verdict.decide."""
+    import random
+
+    m = sequential.achieved_mde(1.0, ADAPTIVE)
+    p, n = sequential.simulated_operating(ADAPTIVE, m)
+    rng = random.Random(9)
+    runs = [pairsim.one(ADAPTIVE, 1.0, m, rng) for _ in range(3000)]
+    assert p == pytest.approx(sequential.MDE_POWER, abs=0.005)
+    assert sum(k == "keep" for k, _ in runs) / len(runs) == pytest.approx(p, abs=0.025)
+    assert sum(k for _, k in runs) / len(runs) == pytest.approx(n, abs=0.15)
+
+
+def test_adaptive_spread_test_refuses_too_few_pairs():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="max_pairs >= 3"):
+        NoiseConfig(pairs="adaptive", spread_alpha=0.015, max_pairs=2)
+    assert NoiseConfig(pairs="fixed", spread_alpha=0.015, max_pairs=2).max_pairs == 2
