@@ -13,7 +13,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from mcp_server.loop import verdict as verdictmod
 from mcp_server.loop.config import LoopwrightConfig
@@ -199,7 +199,8 @@ def plot_progress(data: ReportData, path: Path) -> PlotInfo:
     ax.set_ylim(ymin, ymax)
     if data.baseline_mean is not None:
         m, s = data.baseline_mean, data.sigma
-        ax.axhspan(m - s, m + s, color="#9aa7b8", alpha=0.25, lw=0, label=f"baseline ± σ ({m:.4f} ± {s:.4f})")
+        ax.axhspan(m - s, m + s, color="#9aa7b8", alpha=0.25, lw=0,
+                   label=f"baseline ± σ ({m * data.sign:.4f} ± {s:.4f})")
         ax.scatter([0] * len(data.baseline), data.baseline, s=22, color="#5c6b80", zorder=3)
     disc = [(p, v) for p, v in ok if p.verdict != "keep"]
     inside = [(p, v) for p, v in disc if v <= ymax]
@@ -234,8 +235,7 @@ def plot_progress(data: ReportData, path: Path) -> PlotInfo:
     from matplotlib.ticker import MaxNLocator
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("experiment #")
-    # the loop's own scale (a maximised metric negated), so that down is better on every plot
-    ax.set_ylabel(f"{'−' if data.sign < 0 else ''}{data.metric} (lower is better)")
+    metric_axis(ax, data)
     ax.set_title(data.title)
     ax.grid(alpha=0.25)
     if ax.get_legend_handles_labels()[0]:   # none before the first experiment (matplotlib would warn)
@@ -244,6 +244,19 @@ def plot_progress(data: ReportData, path: Path) -> PlotInfo:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
     return PlotInfo(path, data.title, data.n, len(data.kept), len(data.crashed))
+
+
+def metric_axis(ax: Any, data: ReportData) -> None:
+    """The y axis as the user's metric reads it. Points are drawn on the loop's scale (a maximised metric
+    negated, so the code above needs one orientation); for a maximised metric the axis is flipped and its
+    ticks negated back, so better is up and the numbers are the metric's own."""
+    if data.sign < 0:
+        from matplotlib.ticker import FuncFormatter
+        ax.invert_yaxis()
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _pos: f"{-y:g}"))
+        ax.set_ylabel(f"{data.metric} (higher is better)")
+    else:
+        ax.set_ylabel(f"{data.metric} (lower is better)")
 
 
 # ---------------------------------------------------------------------------

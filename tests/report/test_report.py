@@ -1,6 +1,7 @@
 """The report: progress.png, report.md and results.tsv agree with the ledger."""
 from __future__ import annotations
 
+import dataclasses
 import re
 import statistics
 import subprocess
@@ -177,3 +178,21 @@ def test_agent_written_descriptions_are_inert_in_report_md_and_the_plot(tmp_path
     assert "\\[Approve here\\](http://evil.example)" in md and "&lt;img" in md
     plot_progress(data, tmp_path / "p.png")
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_maximised_metric_is_plotted_as_the_user_reads_it():
+    """The loop stores a maximised metric negated; the plot flips the axis and the ticks back, so the numbers
+    are the metric's own and better is up (before: "−metric (lower is better)")."""
+    from matplotlib.figure import Figure
+
+    from mcp_server.report.writer import metric_axis
+
+    data = collect(_rows(SPEC), CFG, "t")
+    ax = Figure().subplots()
+    ax.set_ylim(-30.0, -20.0)                      # the loop's scale: a metric of 20..30, negated
+    metric_axis(ax, dataclasses.replace(data, metric="score", sign=-1.0))
+    assert ax.yaxis_inverted() and ax.get_ylabel() == "score (higher is better)"
+    assert ax.yaxis.get_major_formatter()(-25.0, 0) == "25"
+    plain = Figure().subplots()
+    metric_axis(plain, data)
+    assert not plain.yaxis_inverted() and plain.get_ylabel() == "val_bpb (lower is better)"
