@@ -4,17 +4,18 @@ The demo is the main job with nothing else installed: it creates a workspace
 (a temporary directory unless one is given), lets the built-in agent run a
 short campaign against the MCP server over stdio, shows it live, and writes the
 report. Its defaults are sized to finish within six minutes on a quiet 2-core
-CPU: 30 s of training per run on the benchmark's budget clock (`auto` = the
-CPU clock here, so other jobs slow a run down but do not change how much it
-trains), a small evaluation (8192 tokens), a seed set of two seeds (`--seed S`
-picks them: 1001 + 1000·S on, so demos with different seeds are independent), and
-four experiments. It is capped by that work, not by wall time: on a busy machine
-it takes longer (the CPU clock trains the same amount) but shows the same four
-experiments; it announces the runs and the minutes it expects before it starts.
-`--minutes` only stops further experiments after those four. Power comes from paired verdicts: each candidate runs on the same two
-seeds as the best version (one run when its first pair is clearly worse), and
-the built-in agent tries expert-first changes before its hill climb. Check the
-keeps afterwards with `loopwright replay --workspace DIR --seeds 3`.
+CPU: each run trains 160 steps of the v2 baseline on the steps clock (a fixed
+number of tokens, so other jobs slow a run down but do not change what it
+trains or scores), a small evaluation (8192 tokens), a seed set of two seeds
+(`--seed S` picks them: 1001 + 1000·S on, so demos with different seeds are
+independent), and four experiments. It is capped by that work, not by wall
+time: on a busy machine it takes longer but shows the same four experiments; it
+announces the runs and the minutes it expects before it starts. `--minutes`
+only stops further experiments after those four. Power comes from paired
+verdicts: each candidate runs on the same two seeds as the best version (one
+run when its first pair is clearly worse), and the built-in agent tries
+expert-first changes before its hill climb. Check the keeps afterwards with
+`loopwright replay --workspace DIR --seeds 3`.
 """
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ DEMO_BASELINE_SEEDS = 2
 DEMO_EXPERIMENTS = 4
 DEMO_MIN_EXPERIMENTS = 4   # run whatever the load: a wall-clock cap (--minutes) stops only later ones
 RUN_OVERHEAD_S = 10.0      # start-up, export and evaluation of one run on a quiet 2-core CPU
+STEPS_TOKENS_PER_S = 48_000   # v2's baseline on the steps clock, quiet 2-core CPU (491,520 tokens in ~10.2 s)
 REPORT_RESERVE_S = 10.0    # the report and shutdown, kept out of the experiments' time
 
 _VERDICT_STYLE = {"keep": "bold green", "discard": "grey58", "retest": "yellow", "crash": "bold red",
@@ -254,7 +256,13 @@ def plan_line(cfg: Any, n: Optional[int], baseline: bool) -> str:
                 f"{'experiments until the budget says stop' if n is None else str(n) + ' experiment(s)'}, each "
                 f"{k} paired run(s) of `{cfg.target.run}` (at most {cfg.target.time_budget:g} s each), scored by "
                 f"`{cfg.target.evaluate}`: {cfg.target.direction} {cfg.target.metric}")
-    per_run = budget_s + RUN_OVERHEAD_S
+    if cfg.benchmark.clock == "steps":   # a fixed number of tokens: the time is an estimate for a quiet CPU
+        train_s = cfg.benchmark.budget_tokens / STEPS_TOKENS_PER_S
+        training = f"~{train_s:.0f} s to train {cfg.benchmark.budget_tokens:,} tokens"
+    else:
+        train_s = budget_s
+        training = f"{budget_s:.0f} s of training"
+    per_run = train_s + RUN_OVERHEAD_S
     if n is None:
         cap = cfg.budget.max_experiments
         return (f"each experiment is {k} training run(s) of ~{per_run:.0f} s (one per seed); the budget allows "
@@ -264,7 +272,7 @@ def plan_line(cfg: Any, n: Optional[int], baseline: bool) -> str:
     most = (k if baseline else 0) + (k + 2) * n + k
     return (f"plan: {'the baseline on ' + str(k) + ' seed(s), then ' if baseline else ''}{n} experiment(s) of {k} "
             f"training run(s) each: ~{runs} runs (up to {most} with confirm runs), ~{runs * per_run / 60:.0f} min "
-            f"on a quiet 2-core CPU ({budget_s:.0f} s of training + ~{RUN_OVERHEAD_S:.0f} s per run); a busy machine "
+            f"on a quiet 2-core CPU ({training} + ~{RUN_OVERHEAD_S:.0f} s per run); a busy machine "
             "takes longer in wall time and runs the same work")
 
 

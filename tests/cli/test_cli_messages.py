@@ -177,3 +177,18 @@ def test_approve_apply_with_nothing_to_apply_says_so(tmp_path, small_corpus):
     assert r.returncode == 0, r.stderr
     assert "nothing to apply" in r.stdout and "No artists" not in r.stderr
     assert Path(ws.root).is_dir()
+
+
+@pytest.mark.unit
+def test_the_plan_line_counts_a_steps_clock_run_in_tokens_not_the_time_budget():
+    """The demo trains a fixed number of tokens per run; its plan said "30 s of training" (the time budget, only
+    a cap on that clock)."""
+    from mcp_server.cli.demo import DEMO_BUDGET_TOKENS, demo_overrides, plan_line
+    from mcp_server.loop.config import LoopwrightConfig
+
+    cfg = LoopwrightConfig.model_validate(demo_overrides(4))
+    line = plan_line(cfg, 4, baseline=True)
+    assert f"s to train {DEMO_BUDGET_TOKENS:,} tokens" in line and "30 s of training" not in line
+    assert "~10 runs (up to 20 with confirm runs)" in line
+    cpu = LoopwrightConfig.model_validate({"benchmark": {"clock": "cpu", "time_budget": 45}})
+    assert "45 s of training" in plan_line(cpu, 2, baseline=False)
