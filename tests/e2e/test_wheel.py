@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shutil
+import site
 import subprocess
 import sys
 import zipfile
@@ -77,6 +78,13 @@ def venv(wheel, tmp_path_factory) -> Path:
     # torch and the other dependencies come from this interpreter's site-packages (no download)
     _run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], timeout=120)
     py = venv / "bin" / "python"
+    if sys.prefix != sys.base_prefix:
+        # run from a virtualenv (as the README sets up): --system-site-packages sees the base interpreter's
+        # packages, not this one's, so list this one's site-packages too (their own .pth files, the editable
+        # loopwright's among them, are not processed: the wheel's copy is what imports; pip leaves a package
+        # outside the new environment alone)
+        purelib = _run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
+        Path(purelib, "outer-site-packages.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     # the venv's own old setuptools would hide the one here that torch requires
     _run([str(py), "-m", "pip", "uninstall", "-y", "-q", "setuptools"], timeout=120)
     _run([str(py), "-m", "pip", "install", "--no-index", "--disable-pip-version-check", "-q", str(wheel)], timeout=300)
