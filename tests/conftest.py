@@ -129,13 +129,77 @@ def set_constant(path: Path, name: str, value: str) -> None:
     path.write_text(src)
 
 
+# Data that the workspace's own prepare.py already made in this session, by what it was made from: the
+# prepare.py's bytes, the tokenizer and SEQ_LEN it reads from loopwright.toml, and the corpus. `loopwright init`
+# runs prepare.py (a Python process that imports numpy and reads the corpus) for every workspace; the tests'
+# workspaces share a few corpora, so the same input gives the same bytes again. make_workspace reuses them (the
+# lock, the ledger and the integrity checks then see exactly what a fresh run writes); init itself, prepare.py
+# and their failures are tested without the cache (tests/bench/test_prepare.py, tests/cli, tests/e2e).
+_PREPARED: dict[tuple, Path] = {}
+_PREPARED_ROOT: list[Path] = []
+
+
+def _corpus_stamp(corpus) -> tuple:
+    """What a corpus folder (or file) holds, by name, size and change time: a test that writes a corpus again
+    under the same path gets its data made anew."""
+    path = Path(str(corpus))
+    if not path.exists():
+        return (str(corpus),)
+    files = [path] if path.is_file() else sorted(f for f in path.rglob("*") if f.is_file())
+    return (str(path),) + tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
+
+
+def _prepared_once():
+    """A stand-in for mcp_server.loop.setup.prepare_data that runs it once per input and copies its output."""
+    import hashlib
+    import json
+    import tempfile
+
+    from mcp_server.loop import workspace as wsmod
+
+    if not _PREPARED_ROOT:
+        _PREPARED_ROOT.append(Path(tempfile.mkdtemp(prefix="lw-test-prepared-")))
+        import atexit
+        atexit.register(shutil.rmtree, _PREPARED_ROOT[0], True)
+
+    def prepare_data(root: Path, data_dir: Path, corpus=None, prepare_py=None, timeout: float = 1800) -> dict:
+        script = Path(prepare_py or root / "prepare.py")
+        bench: dict = {}
+        if (root / "loopwright.toml").is_file():
+            try:
+                import tomllib
+            except ModuleNotFoundError:  # Python 3.10
+                import tomli as tomllib
+            bench = tomllib.loads((root / "loopwright.toml").read_text()).get("benchmark", {})
+        # what prepare.py's data depends on: its own code and constants, the tokenizer, the corpus (and
+        # SEQ_LEN, which decides whether a split is too small)
+        key = (hashlib.sha256(script.read_bytes()).hexdigest(), bench.get("tokenizer"), bench.get("seq_len"),
+               _corpus_stamp(corpus))
+        if key not in _PREPARED:
+            made = _PREPARED_ROOT[0] / f"prepared-{len(_PREPARED)}"
+            wsmod.prepare_data(root, made, corpus, prepare_py, timeout)
+            _PREPARED[key] = made
+        data_dir.mkdir(parents=True, exist_ok=True)
+        for f in _PREPARED[key].iterdir():
+            if f.is_file():
+                shutil.copyfile(f, data_dir / f.name)
+        return json.loads((data_dir / "meta.json").read_text())
+
+    return prepare_data
+
+
 def make_workspace(tmp: Path, corpus: Path, tag: str = "t", bench_dir: Path | None = None, **overrides):
-    from mcp_server.loop.setup import init_workspace
+    from mcp_server.loop import setup
 
     cfg = {k: dict(v) for k, v in FAST.items()}
     for section, values in overrides.items():
         cfg.setdefault(section, {}).update(values)
-    return init_workspace(tmp, tag=tag, corpus=str(corpus), overrides=cfg, bench_dir=bench_dir)
+    real = setup.prepare_data
+    setup.prepare_data = _prepared_once()
+    try:
+        return setup.init_workspace(tmp, tag=tag, corpus=str(corpus), overrides=cfg, bench_dir=bench_dir)
+    finally:
+        setup.prepare_data = real
 
 
 def record_baseline(eng, values=(2.00, 2.01)) -> list[int]:

@@ -9,7 +9,6 @@ runner's measurement.
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
@@ -85,12 +84,13 @@ def test_a_slowed_cpu_clock_is_killed_over_budget_and_never_kept(tmp_path, small
 def test_raising_time_budget_inside_train_py_buys_nothing(tmp_path, small_corpus):
     ws = _ws(tmp_path, small_corpus, **CPU)
     (ws.root / "train.py").write_text(HEADER + "prepare.TIME_BUDGET = 1000.0\n" + LOOP)
-    t0 = time.monotonic()
     tr = runner.run_training(ws, ws.run_dir(1), seed=1)
     assert tr.status == "timeout" and tr.over_budget and tr.model_path is None, (tr.status, tr.reason)
     assert tr.cpu_seconds is not None and _allowed(ws) < tr.cpu_seconds < _allowed(ws) + 1.5
-    # killed by the meter, long before the hard wall-clock limit (4 budgets + grace)
-    assert time.monotonic() - t0 < ws.cfg.benchmark.hard_limit_seconds() - 10
+    # killed by the meter (over_budget, its reason), before the hard wall-clock limit (4 budgets + grace): the
+    # wall time the CPU seconds took is the machine's load (39 s for 6 CPU s beside a second test worker and
+    # other jobs at load 8), so it is bounded by the hard limit, not by a margin below it
+    assert "hard limit" not in tr.reason and tr.wall_seconds < ws.cfg.benchmark.hard_limit_seconds(), tr
 
 
 def test_ignoring_the_wall_clock_is_killed_at_the_allowance(tmp_path, small_corpus):
