@@ -15,8 +15,9 @@ inside the evaluator), the harness (harness_s: the rest). Fixed cost = (evaluati
 Medians with min-max per mode; the server's first run, which starts it, is shown apart.
 
 --profile: evaluate_exported's phases, timed in this process (wrappers around what it calls, bench/gpt
-unchanged) on a model the runs exported: a cold call (torch and numpy imported, as in the server's child)
-and a warm one.
+unchanged) on a model the runs exported, after importing what the server imports (evalserver.PRELOAD):
+a cold call (what a child forked by the server runs) and a warm one, and the modules the cold call still
+imported.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # --profile: as the evaluator (spinning threads on a busy CPU)
 
 MODES = ("one-shot", "server")
 
@@ -110,6 +112,8 @@ def profile(ws) -> None:
     if not models:
         print("no exported model to profile")
         return
+    from mcp_server.loop.evalserver import PRELOAD
+
     t0 = time.perf_counter()
     spec = importlib.util.spec_from_file_location("prepare", ws.root / "prepare.py")
     assert spec and spec.loader
@@ -117,6 +121,13 @@ def profile(ws) -> None:
     sys.modules["prepare"] = prepare
     spec.loader.exec_module(prepare)   # imports numpy and torch
     imported = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for name in PRELOAD:
+        try:
+            __import__(name)
+        except ImportError:
+            pass
+    preloaded = time.perf_counter() - t0
     ev = prepare.sibling("evaluate")
     import torch
 
@@ -140,8 +151,8 @@ def profile(ws) -> None:
     timed(torch.export.ExportedProgram, "module", "ep.module()")
     timed(ev, "causality_probe", "causality probe")
     timed(ev, "bpb_sums", "score val + test")
-    print(f"\nprepare.py imported (numpy, torch) in {imported:.2f} s; model {models[-1].name}, "
-          f"{models[-1].stat().st_size / 1e6:.1f} MB")
+    print(f"\nprepare.py imported (numpy, torch) in {imported:.2f} s, the rest of the server's preload in "
+          f"{preloaded:.2f} s; model {models[-1]}, {models[-1].stat().st_size / 1e6:.1f} MB")
     for call in ("cold", "warm"):
         acc.clear()
         before = set(sys.modules)

@@ -60,9 +60,14 @@ DIR_PREFIX = "loopwright-zygote-"    # + the owning process's pid: a dir whose p
 MAX_SERVERS = 2          # per process: a test session opens many workspaces, each server holds torch (~300 MB)
 IDLE_SECONDS = 900.0     # a server unused this long ends (a session that stopped running experiments)
 OUTPUT_CAP = 8 << 20     # bytes kept of a child's stdout and of its stderr (the end: the verdict is the last line)
-# imported once by the server, where the pinned evaluator imports them (numpy, torch), with what
-# evaluate_exported imports lazily (torch.export.load, ep.module()): what the children no longer import
-PRELOAD = ("numpy", "torch", "torch.export", "tomllib")
+# Imported once by the server (each where the pinned evaluator's sources import its package): numpy and torch,
+# and what a first evaluate_exported imports lazily -- pt2audit's function-local imports (sympy and mpmath,
+# torch.export's archive and unlift modules, which pull in torch._dynamo: ~840 modules, 1-3 s) and the few
+# torch.export.load adds. Found with `python bench/perf/eval_cost.py --profile` (modules first imported by a
+# cold call); a name missing from another torch version is skipped.
+PRELOAD = ("numpy", "torch", "torch.export", "torch.export._unlift", "torch.export.pt2_archive._package",
+           "torch.export.pt2_archive.constants", "torch.fx.experimental.validator", "torch.utils.serialization",
+           "sympy", "sympy.parsing.sympy_parser", "tomllib", "argparse", "pickle", "zipfile")
 
 
 class ServerError(RuntimeError):
