@@ -87,6 +87,7 @@ class SandboxInfo:
     executable: Optional[str]
     detail: str          # one line for `doctor` and error messages
     tmpfs_size: bool = False   # bwrap understands --size (0.7+): the private tmpfs mounts get a cap
+    cap_drop: bool = False     # bwrap understands --cap-drop: run as root, the sandbox keeps no capability
 
     @property
     def available(self) -> bool:
@@ -108,12 +109,12 @@ def _probe_bwrap(path: str) -> Optional[str]:
     return None if proc.returncode == 0 else (proc.stderr.strip() or f"exit {proc.returncode}")
 
 
-def _supports_size(path: str) -> bool:
+def _help(path: str) -> str:
     try:
         out = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
-        return False
-    return "--size" in out.stdout + out.stderr
+        return ""
+    return out.stdout + out.stderr
 
 
 def tmpfs_cap() -> int:
@@ -133,8 +134,9 @@ def detect(refresh: bool = False) -> SandboxInfo:
             info = SandboxInfo("none", None, "bubblewrap (bwrap) is not installed")
         else:
             err = _probe_bwrap(exe)
+            usage = _help(exe) if err is None else ""
             info = (SandboxInfo("bwrap", exe, f"bubblewrap {exe}: PID/network/IPC namespaces, read-only system",
-                                tmpfs_size=_supports_size(exe))
+                                tmpfs_size="--size" in usage, cap_drop="--cap-drop" in usage)
                     if err is None else
                     SandboxInfo("none", exe, f"bubblewrap is installed but cannot create namespaces here: {err}"))
     elif sys.platform == "darwin":
@@ -343,8 +345,10 @@ def build_command(argv: Sequence[str], *, mode: Literal["train", "eval"] = "trai
         for dev in gpu_devices():
             ops.append((depth(dev), 4, ["--dev-bind", dev, dev]))
 
+    # no capabilities: bwrap run by root keeps them all, and with CAP_SYS_ADMIN the sandboxed code could
+    # unmount the masks over the hidden paths (an unprivileged user's sandbox has none anyway)
     cmd = [info.executable, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
-           "--unshare-cgroup-try", "--die-with-parent", "--new-session",
+           "--unshare-cgroup-try", "--die-with-parent", "--new-session", *(["--cap-drop", "ALL"] if info.cap_drop else []),
            "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
     for _, _, op in sorted(ops, key=lambda t: (t[0], t[1])):
         cmd += op
