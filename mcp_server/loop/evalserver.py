@@ -17,7 +17,9 @@ It keeps every property of the one-shot path (runner.py's docstring):
   prepare.py as __main__ with the evaluate argv and the siblings' pinned bytes -- with stdin on /dev/null
   and stdout/stderr on fresh pipes, and exits. Only the zygote writes its own stdout: a header line with
   the child's exit status and the byte counts, then the child's bytes. A model cannot forge that frame,
-  so the runner's checks (the nonce on the verdict line, a clean exit after it) stand unchanged;
+  so the runner's checks (the nonce on the verdict line, a clean exit after it) stand unchanged. What one
+  model's evaluation could leave for the next is closed off: the zygote is not dumpable (a child cannot
+  ptrace it or read its memory), and every other process in the sandbox is killed after each child;
 - the model reaches it as today: a hashed private copy (sandbox.copy_regular_file) in the server's spool
   directory (inside its 0700 directory in the state dir, bound read-only into the sandbox, invisible to
   train.py's and the clients' sandboxes), removed after the request.
@@ -107,6 +109,11 @@ def zygote_child(main: str, code, pinned: dict, argv: list, out_w: int, err_w: i
 
     status = 1
     try:
+        try:   # dumpable again, as a fresh process is (the server is not: see zygote())
+            import ctypes
+            ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)   # PR_SET_DUMPABLE
+        except (OSError, AttributeError):
+            pass
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.dup2(out_w, 1)
@@ -179,6 +186,12 @@ def zygote(main: str, srcs: dict, preload: list, cap: int) -> None:  # pragma: n
             sys.stderr.write(f"preload {name}: {type(e).__name__}: {e}\n")
     code = compile(srcs[main], main, "exec")
     pinned = {p.rsplit("/", 1)[-1][:-3]: s for p, s in srcs.items() if p != main}
+    try:   # not dumpable: a child (a model's graph runs there) cannot ptrace the server or read its memory
+        import ctypes
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)   # PR_SET_DUMPABLE
+    except (OSError, AttributeError):
+        pass
+    me = os.getpid()
 
     def say(head: dict, body: bytes = b"") -> None:
         data = json.dumps(head).encode() + b"\n" + body
@@ -201,6 +214,12 @@ def zygote(main: str, srcs: dict, preload: list, cap: int) -> None:  # pragma: n
         os.close(err_w)
         out, err = zygote_collect(out_r, err_r, cap)
         _, status = os.waitpid(pid, 0)
+        for other in os.listdir("/proc"):   # nothing the child left lives on into the next request
+            if other.isdigit() and int(other) not in (1, me):
+                try:
+                    os.kill(int(other), 9)
+                except OSError:
+                    pass
         say({"exit": os.waitstatus_to_exitcode(status), "out": len(out), "err": len(err)}, out + err)
 
 

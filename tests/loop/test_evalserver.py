@@ -55,6 +55,28 @@ print(json.dumps({"ok": True, "val_bpb": 1.0, "threads": torch.get_num_threads()
 '''
 
 
+# A stand-in for evaluator code gone wrong (a model's graph cannot run code; this is the next line of defence):
+# it tries to open the server's memory and, asked to, leaves a daemon behind
+INTRUDER = r'''
+import json, os, sys, time
+a = sys.argv
+out = {"ok": True, "val_bpb": 1.0, "nonce": a[a.index("--nonce") + 1], "me": os.getpid(),
+       "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit())}
+try:
+    open("/proc/%d/mem" % os.getppid(), "rb").close()
+    out["server_memory"] = "OPENED"
+except OSError as e:
+    out["server_memory"] = type(e).__name__
+if open(a[2]).read() == "daemon" and os.fork() == 0:
+    os.setsid()
+    for fd in (0, 1, 2):
+        os.close(fd)
+    time.sleep(300)
+    os._exit(0)
+print(json.dumps(out))
+'''
+
+
 @pytest.fixture(scope="module")
 def ews(tmp_path_factory, small_corpus):
     from conftest import make_workspace
@@ -114,6 +136,16 @@ def test_what_a_child_prints_cannot_forge_the_frame_or_the_verdict(ews, tmp_path
     assert not crashed.ok and "exited with code 136 after a result line" in crashed.reason, crashed.reason
     assert _evaluate(ews, tmp_path, "fine").ok                    # the server itself is unharmed
     assert len(evalserver.running()) == 1
+
+
+def test_a_child_cannot_reach_into_the_server_or_leave_a_process_for_the_next(ews, tmp_path):
+    first = _evaluate(ews, tmp_path, "daemon", prepare=INTRUDER)
+    assert first.ok, first.reason
+    server = _server()
+    assert first.raw["server_memory"] != "OPENED"                  # the server is not dumpable
+    second = _evaluate(ews, tmp_path, "plain", prepare=INTRUDER)
+    assert second.ok and _server() is server
+    assert set(second.raw["pids"]) <= {1, server.pid, second.raw["me"]}, second.raw   # the daemon is gone
 
 
 def test_a_server_killed_between_requests_is_restarted(ews, tmp_path):
