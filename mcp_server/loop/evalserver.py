@@ -1,8 +1,9 @@
 """A warm evaluator per workspace: a fork server ("zygote") behind runner.run_evaluation.
 
-Why: a demo run trains for ~13 s; the one-shot evaluator took ~4.5 s more, half of it starting Python and
-importing torch. The zygote pays that once per (state dir, pinned evaluator bytes, data files) and forks a
-fresh child for each model, so an evaluation costs what scoring the model costs.
+Why: a demo run trains for ~13 s; the one-shot evaluator took ~4.5 s more, most of it starting Python and
+importing torch and the ~840 modules the evaluator imports lazily (BENCHMARKS.md, "Fixed cost per run").
+The zygote pays that once per (state dir, pinned evaluator bytes, data files) and forks a fresh child for
+each model, so an evaluation costs what scoring the model costs.
 
 It keeps every property of the one-shot path (runner.py's docstring):
 - it runs in the same evaluation sandbox (sandbox.evaluation_command: CPU only, nothing writable, only
