@@ -4,6 +4,7 @@ Run with
 
     python bench/perf/eval_cost.py                 # 6 runs per mode, interleaved: ~5 minutes on 2 cores
     python bench/perf/eval_cost.py --runs 2 --profile
+    python bench/perf/eval_cost.py --tiny          # a smoke run: a 2-step model, one run per mode (no figures)
 
 A workspace with `loopwright demo`'s settings (steps clock, 160 steps of the bundled train.py, 8,192 eval
 tokens, the default corpus) trains the bundled train.py again and again as baseline runs through the
@@ -50,6 +51,19 @@ def demo_workspace(root: Path, seed: int):
 
     return init_workspace(root, tag="evalcost", corpus=DEFAULT_CORPUS, time_budget=DEMO_TIME_BUDGET,
                           overrides=demo_overrides(4, 1, seed))
+
+
+def tiny_workspace(root: Path):
+    """--tiny: a 2-step tiny model on a tiny corpus (tests/conftest.py's helpers, bench/perf/tiny.py)."""
+    sys.path.insert(0, str(REPO / "tests"))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import tiny
+
+    from conftest import hobbled_bench, make_workspace
+
+    corpus = tiny.tiny_corpus(root.parent / "corpus")
+    bench = hobbled_bench(root.parent / "bench", max_steps=2, tiny=True)
+    return make_workspace(root, corpus, bench_dir=bench, benchmark=dict(tiny.BENCHMARK))
 
 
 def run_pairs(root: Path, runs: int, first_seed: int) -> list[dict]:
@@ -173,11 +187,15 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=9)
     p.add_argument("--dir", type=Path, default=None, help="the workspace (default: a new temp dir)")
     p.add_argument("--profile", action="store_true", help="also time evaluate_exported's phases")
+    p.add_argument("--tiny", action="store_true", help="a smoke run: a 2-step model on a tiny corpus, one run per "
+                   "mode, and the profile (no figures)")
     args = p.parse_args(argv)
-    root = (args.dir or Path(tempfile.mkdtemp(prefix="loopwright-evalcost-"))).resolve()
+    root = (args.dir or Path(tempfile.mkdtemp(prefix="loopwright-evalcost-")) / "ws").resolve()
+    if args.tiny:
+        args.runs, args.profile = 1, True
     if not (root / "loopwright.toml").is_file():
-        print(f"creating a demo workspace in {root}", flush=True)
-        demo_workspace(root, args.seed)
+        print(f"creating a {'tiny' if args.tiny else 'demo'} workspace in {root}", flush=True)
+        tiny_workspace(root) if args.tiny else demo_workspace(root, args.seed)
     from mcp_server.loop.workspace import Workspace
 
     t0 = time.monotonic()

@@ -99,9 +99,11 @@ class EvalRun:
 # ---------------------------------------------------------------------------
 # The server, as it runs inside the sandbox (stdlib only; its source is sent with the bootstrap)
 
-def zygote_child(main: str, code, pinned: dict, argv: list, out_w: int, err_w: int) -> None:  # pragma: no cover
+def zygote_child(main: str, code, pinned: dict, argv: list, out_w: int, err_w: int,
+                 proto: int) -> None:  # pragma: no cover - runs in the sandbox
     """In the forked child: what the one-shot bootstrap does -- the pinned `main` as __main__ with `argv` and
-    the siblings' pinned bytes -- with stdin on /dev/null and stdout/stderr on the pipes; never returns."""
+    the siblings' pinned bytes -- with stdin on /dev/null and stdout/stderr on the pipes, and without the
+    server's protocol fd `proto`; never returns."""
     import builtins
     import os
     import sys
@@ -115,6 +117,7 @@ def zygote_child(main: str, code, pinned: dict, argv: list, out_w: int, err_w: i
             ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)   # PR_SET_DUMPABLE
         except (OSError, AttributeError):
             pass
+        os.close(proto)   # the frame is the server's alone
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.dup2(out_w, 1)
@@ -179,6 +182,8 @@ def zygote(main: str, srcs: dict, preload: list, cap: int) -> None:  # pragma: n
     import os
     import sys
 
+    proto = os.dup(1)   # the protocol on a private fd; whatever else writes to stdout goes to the log
+    os.dup2(2, 1)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # as prepare.py sets it, before OpenMP loads
     for name in preload:
         try:
@@ -197,7 +202,7 @@ def zygote(main: str, srcs: dict, preload: list, cap: int) -> None:  # pragma: n
     def say(head: dict, body: bytes = b"") -> None:
         data = json.dumps(head).encode() + b"\n" + body
         while data:
-            data = data[os.write(1, data):]
+            data = data[os.write(proto, data):]
 
     say({"ready": os.getpid()})
     while True:
@@ -206,11 +211,13 @@ def zygote(main: str, srcs: dict, preload: list, cap: int) -> None:  # pragma: n
             return
         argv = json.loads(line)["argv"]
         (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
+        sys.stdout.flush()   # nothing of the server's own buffered output ends up in the child's
+        sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
             os.close(out_r)
             os.close(err_r)
-            zygote_child(main, code, pinned, argv, out_w, err_w)
+            zygote_child(main, code, pinned, argv, out_w, err_w, proto)
         os.close(out_w)
         os.close(err_w)
         out, err = zygote_collect(out_r, err_r, cap)
@@ -224,6 +231,11 @@ def zygote(main: str, srcs: dict, preload: list, cap: int) -> None:  # pragma: n
         say({"exit": os.waitstatus_to_exitcode(status), "out": len(out), "err": len(err)}, out + err)
 
 
+# The server's source as this process compiled it: read once, at import (a file edited later -- an upgrade
+# under a long-lived MCP server -- must not send lines that do not match the functions above)
+ZYGOTE_SOURCE = "".join(inspect.getsource(f) for f in (zygote_child, zygote_collect, zygote))
+
+
 def zygote_bootstrap(box: Path, files: Mapping[str, bytes], site: Iterable[str]) -> str:
     """Code for `python -I -S -c`: the pinned files in `box` checked as the one-shot bootstrap checks them,
     then zygote() serving them."""
@@ -233,8 +245,7 @@ def zygote_bootstrap(box: Path, files: Mapping[str, bytes], site: Iterable[str])
     sources = b"\n".join(files[n] for n in names)
     # only what the pinned evaluator imports (a stand-in evaluator in a test imports nothing)
     preload = [m for m in PRELOAD if f"import {m.split('.')[0]}".encode() in sources]
-    return (sandbox.pinned_sources_code(digests, list(site))
-            + "".join(inspect.getsource(f) for f in (zygote_child, zygote_collect, zygote))
+    return (sandbox.pinned_sources_code(digests, list(site)) + ZYGOTE_SOURCE
             + f"zygote({main!r}, srcs, {preload!r}, {OUTPUT_CAP})\n")
 
 
@@ -422,6 +433,7 @@ class Server:
 _servers: dict[tuple, Server] = {}
 _registry = threading.Lock()
 _logged: set[str] = set()
+last_failure: Optional[str] = None   # why the last evaluation that should have been served was not
 
 
 def _key(ws, files: Mapping[str, bytes], python: str, data_files: Iterable[str]) -> tuple:
@@ -455,6 +467,8 @@ def _sweep(base: Path) -> None:
 
 
 def _note(reason: str) -> None:
+    global last_failure
+    last_failure = reason
     if reason not in _logged:
         _logged.add(reason)
         log.warning("evaluator server: %s; this evaluation runs the one-shot evaluator", reason)

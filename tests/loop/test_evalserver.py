@@ -108,7 +108,7 @@ def _evaluate(ws, tmp_path, content: str, prepare: str = FAKE, **kw) -> runner.E
 
 def _server() -> evalserver.Server:
     (server,) = evalserver.running()
-    assert server.proc is not None
+    assert server.proc is not None, f"not served: {evalserver.last_failure}"
     return server
 
 
@@ -187,6 +187,13 @@ def test_an_evaluator_file_changed_before_the_server_starts_is_refused(ews, tmp_
     assert run.returncode == sandbox.EVALUATOR_CHANGED_EXIT and run.stdout == ""
     assert "not the pinned prepare.py" in run.stderr
     assert not server.dir.exists()
+
+
+def test_a_server_that_fails_leaves_the_evaluation_to_the_one_shot_path(ews, tmp_path, monkeypatch):
+    monkeypatch.setattr(evalserver, "ZYGOTE_SOURCE", "import sys\nsys.exit(3)\n")
+    res = _evaluate(ews, tmp_path, "one")
+    assert res.ok and res.val_bpb == 1.5, res.reason
+    assert "exited with code 3 before it was ready" in (evalserver.last_failure or "")
 
 
 def test_without_bubblewrap_the_one_shot_path_runs(ews, tmp_path, monkeypatch):
