@@ -653,13 +653,18 @@ def registered_corpora() -> list[Path]:
     from mcp_server.loop.workspace import RECORD_NAME, state_home
 
     out: list[Path] = []
+    seen: set[tuple[str, str]] = set()
     for rec in sorted((state_home() / "workspaces").glob(f"*/{RECORD_NAME}")):
         try:
             root = json.loads(rec.read_text()).get("root")
-            corpus = cfgmod.load_config(root).benchmark.corpus if root else ""
+            corpus = str(cfgmod.load_config(root).benchmark.corpus or "") if root else ""
         except Exception:  # noqa: BLE001 - a broken or moved workspace: it has no corpus we can name
             continue
-        out += _corpus_paths(str(corpus or ""), root)
+        # a named corpus once (stdlib-hidden's held-out modules: ~270 paths, the same for every workspace)
+        key = (corpus, "" if corpus in cfgmod.NAMED_CORPORA else str(root))
+        if key not in seen:
+            seen.add(key)
+            out += _corpus_paths(corpus, root)
     return out
 
 
@@ -676,11 +681,7 @@ def hidden_paths(ws=None) -> list[Path]:
     if ws is not None:
         paths += [Path(ws.state_dir), Path(ws.state_dir).parent, Path(ws.root) / ".loopwright",
                   Path(ws.root) / ".git", *corpus_sources(ws)]
-    out: list[Path] = []
-    for p in paths:
-        if Path(p) not in out:
-            out.append(Path(p))
-    return out
+    return list(dict.fromkeys(Path(p) for p in paths))   # each once, in order
 
 
 def python_inside(root: os.PathLike | str) -> Optional[str]:
