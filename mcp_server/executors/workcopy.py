@@ -119,9 +119,10 @@ def run(spec: RunSpec, source: DataSource, base: Optional[Path] = None, worker: 
                          sandbox=tr.sandbox, worker=worker)
         if tr.status == "ok" and tr.model_path is not None:
             stage_data({k: v for k, v in spec.data.items() if k in HELD_OUT}, source, ws.data_dir)
-            # a target's hidden files go to the evaluator only (by content: never into the working copy)
+            # a target's hidden files go to the evaluator only (by content: never into the working copy); a
+            # one-shot evaluator: an evaluator server for a state dir removed after this run would serve once
             ev = runner.run_evaluation(ws, None, run_dir, tr.model_path, files={**spec.evaluator, **spec.hidden},
-                                       unsafe=spec.unsafe)
+                                       unsafe=spec.unsafe, reuse=False)
             out.eval_wall_s = round(ev.wall_seconds, 3)
             out.eval_json = ev.raw or None
             if ev.ok:

@@ -25,7 +25,10 @@ only if the bytes it read hash to the pinned blob's; the evaluator runs there in
 (CPU only, nothing writable, only val/test/meta visible) with `python -I -S` and
 a bootstrap that puts the stdlib first and site-packages last (no cwd, no
 PYTHONPATH, no .pth files, no sitecustomize), so no agent-written Python runs
-while scoring; its result is read from its stdout pipe.
+while scoring; its result is read from its stdout pipe. Where it can, that process
+is a child forked for this one model by the workspace's evaluator server
+(loop/evalserver.py: started the same way, in the same sandbox, it imports torch
+once), with the same checks on what the child printed and how it exited.
 
 Without a usable sandbox both refuse to run (SandboxUnavailable, saying how to
 install bubblewrap) unless the human opted out with --unsafe-no-sandbox.
@@ -50,7 +53,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Optional
 
 from mcp_server.common.procs import kill_group, kill_group_now
-from mcp_server.loop import sandbox
+from mcp_server.loop import evalserver, sandbox
 from mcp_server.loop.workspace import EVALUATOR_SIBLINGS, Workspace, pinned_evaluator
 
 ProgressFn = Callable[[int, float, float, float], None]   # step, loss, elapsed, remaining
@@ -677,10 +680,13 @@ EVAL_DATA_FILES = ("val.bin", "test.bin", "meta.json", "token_bytes.npy", "token
 
 def run_evaluation(ws: Workspace, pinned: Optional[str], run_dir: Path, model_path: Path,
                    python: str = sys.executable, files: Optional[dict[str, bytes]] = None,
-                   unsafe: Optional[bool] = None) -> EvalResult:
+                   unsafe: Optional[bool] = None, reuse: bool = True) -> EvalResult:
     """The pinned evaluator on the model. Its files come from the pinned commit's git objects, or, on an
     executor's worker (no git there), by content in `files` (prepare.py, its siblings where the pinned
-    commit has them, and loopwright.toml: workspace.pinned_evaluator)."""
+    commit has them, and loopwright.toml: workspace.pinned_evaluator). reuse: by the workspace's
+    evaluator server where it can (loop/evalserver.py: it imports torch once and forks a fresh evaluator
+    per model); False, or where no server can serve: a one-shot evaluator process (an executor's working
+    copy, whose state dir lives for one run, passes False)."""
     info = sandbox.require(unsafe)
     if ws.cfg.target is not None:
         return _evaluate_target(ws, pinned, run_dir, model_path, python, info, files)
@@ -689,57 +695,69 @@ def run_evaluation(ws: Workspace, pinned: Optional[str], run_dir: Path, model_pa
             raise ValueError("run_evaluation needs the pinned commit or the evaluator's files")
         files = pinned_evaluator(ws.root, pinned)
     t0 = time.monotonic()
+    timeout = ws.cfg.benchmark.eval_timeout
+    # the verdict line must carry a nonce the model cannot know (an older pinned prepare.py has no
+    # --nonce: then only its exit code and its last line are trusted)
+    nonce = secrets.token_hex(16) if b"--nonce" in files["prepare.py"] else None
+    try:
+        run = evalserver.evaluate(ws, files, model_path, nonce, python=python, info=info, env=clean_env({}),
+                                  data_files=EVAL_DATA_FILES, timeout=timeout) if reuse else None
+        if run is None:
+            run = _evaluate_once(ws, files, model_path, nonce, python, info, timeout)
+    except sandbox.UnsafeFile as e:
+        return EvalResult(False, str(e), wall_seconds=time.monotonic() - t0)
+    elapsed = time.monotonic() - t0
+    digest = run.model_sha256
+    if run.returncode is None:
+        return EvalResult(False, f"evaluation exceeded {timeout:.0f} s", wall_seconds=elapsed, model_sha256=digest)
+    (run_dir / "eval.log").write_text(run.stdout + "\n--- stderr ---\n" + run.stderr)
+    if run.returncode == sandbox.EVALUATOR_CHANGED_EXIT:
+        return EvalResult(False, "an evaluator file changed on disk before it ran (its bytes are not the "
+                          f"pinned blob's): not scored. {run.stderr.strip()[-300:]}", wall_seconds=elapsed,
+                          model_sha256=digest)
+    result = _verdict(run.stdout, nonce)
+    if not isinstance(result, dict):
+        return EvalResult(False, f"evaluator crashed (exit {run.returncode}): {run.stderr.strip()[-600:]}",
+                          wall_seconds=elapsed, model_sha256=digest)
+    if result.get("ok") and run.returncode != 0:
+        # a model that prints a verdict and then crashes the evaluator (red team, 2026-12-01)
+        return EvalResult(False, f"evaluator exited with code {run.returncode} after a result line: not trusted; "
+                          f"{run.stderr.strip()[-300:]}", wall_seconds=elapsed, model_sha256=digest)
+    result.pop("nonce", None)
+    result["model_sha256"] = digest
+    (run_dir / "eval.json").write_text(json.dumps(result, indent=2))
+    if not result.get("ok"):
+        return EvalResult(False, str(result.get("reason", "rejected by the evaluator")), raw=result,
+                          wall_seconds=elapsed, model_sha256=digest)
+    return EvalResult(True, "", float(result["val_bpb"]), _opt(result.get("test_bpb")),
+                      float(result.get("eval_seconds", elapsed)), result, elapsed, digest)
+
+
+def _evaluate_once(ws: Workspace, files: dict[str, bytes], model_path: Path, nonce: Optional[str], python: str,
+                   info: sandbox.SandboxInfo, timeout: float) -> evalserver.EvalRun:
+    """A fresh evaluator process for one model: a 0700 eval dir in the state dir with the pinned files and a
+    hashed private copy of the model, the hash-checking bootstrap, the evaluation sandbox."""
     pinned_sha = hashlib.sha256(files["prepare.py"]).hexdigest()
     siblings = {name: hashlib.sha256(files[name]).hexdigest() for name in EVALUATOR_SIBLINGS
                 if name in files}
-    try:
-        # in the state dir (0700, denied to the client sandboxes), never the shared temp dir (red team R11b)
-        box = sandbox.make_eval_dir(files, model_path, base=ws.state_dir / "eval")
-    except sandbox.UnsafeFile as e:
-        return EvalResult(False, str(e), wall_seconds=time.monotonic() - t0)
+    # in the state dir (0700, denied to the client sandboxes), never the shared temp dir (red team R11b)
+    box = sandbox.make_eval_dir(files, model_path, base=ws.state_dir / "eval")
     try:
         data_dir = box.path / "data" if info.available else ws.data_dir
-        argv = ["evaluate", str(box.model), "--data-dir", str(data_dir)]
-        # the verdict line must carry a nonce the model cannot know (an older pinned prepare.py has no
-        # --nonce: then only its exit code and its last line are trusted)
-        nonce = secrets.token_hex(16) if b"--nonce" in files["prepare.py"] else None
-        if nonce:
-            argv += ["--nonce", nonce]
+        argv = ["evaluate", str(box.model), "--data-dir", str(data_dir)] + (["--nonce", nonce] if nonce else [])
         code = sandbox.eval_bootstrap(box.prepare, argv, sandbox.site_dirs(), pinned_sha,
                                       {str(box.path / n): digest for n, digest in siblings.items()})
         cmd = sandbox.evaluation_command(ws, [python, "-I", "-S", "-c", code], eval_dir=box,
                                          data_dir=ws.data_dir, data_files=EVAL_DATA_FILES, info=info)
         try:
             proc = subprocess.run(cmd, cwd=box.path, env=clean_env({}), capture_output=True, text=True,
-                                  timeout=ws.cfg.benchmark.eval_timeout, start_new_session=True,
+                                  errors="replace", timeout=timeout, start_new_session=True,
                                   preexec_fn=sandbox.limits(sandbox.default_memory_limit()))
         except subprocess.TimeoutExpired:
-            return EvalResult(False, f"evaluation exceeded {ws.cfg.benchmark.eval_timeout:.0f} s",
-                              wall_seconds=time.monotonic() - t0, model_sha256=box.model_sha256)
+            return evalserver.EvalRun(None, "", "", box.model_sha256)
     finally:
         box.cleanup()
-    elapsed = time.monotonic() - t0
-    (run_dir / "eval.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
-    if proc.returncode == sandbox.EVALUATOR_CHANGED_EXIT:
-        return EvalResult(False, "an evaluator file changed on disk before it ran (its bytes are not the "
-                          f"pinned blob's): not scored. {proc.stderr.strip()[-300:]}", wall_seconds=elapsed,
-                          model_sha256=box.model_sha256)
-    result = _verdict(proc.stdout, nonce)
-    if not isinstance(result, dict):
-        return EvalResult(False, f"evaluator crashed (exit {proc.returncode}): {proc.stderr.strip()[-600:]}",
-                          wall_seconds=elapsed, model_sha256=box.model_sha256)
-    if result.get("ok") and proc.returncode != 0:
-        # a model that prints a verdict and then crashes the evaluator (red team, 2026-12-01)
-        return EvalResult(False, f"evaluator exited with code {proc.returncode} after a result line: not trusted; "
-                          f"{proc.stderr.strip()[-300:]}", wall_seconds=elapsed, model_sha256=box.model_sha256)
-    result.pop("nonce", None)
-    result["model_sha256"] = box.model_sha256
-    (run_dir / "eval.json").write_text(json.dumps(result, indent=2))
-    if not result.get("ok"):
-        return EvalResult(False, str(result.get("reason", "rejected by the evaluator")), raw=result,
-                          wall_seconds=elapsed, model_sha256=box.model_sha256)
-    return EvalResult(True, "", float(result["val_bpb"]), _opt(result.get("test_bpb")),
-                      float(result.get("eval_seconds", elapsed)), result, elapsed, box.model_sha256)
+    return evalserver.EvalRun(proc.returncode, proc.stdout, proc.stderr, box.model_sha256)
 
 
 def _verdict(stdout: str, nonce: Optional[str]) -> Optional[dict]:

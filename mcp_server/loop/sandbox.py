@@ -87,6 +87,7 @@ class SandboxInfo:
     executable: Optional[str]
     detail: str          # one line for `doctor` and error messages
     tmpfs_size: bool = False   # bwrap understands --size (0.7+): the private tmpfs mounts get a cap
+    cap_drop: bool = False     # bwrap understands --cap-drop: run as root, the sandbox keeps no capability
 
     @property
     def available(self) -> bool:
@@ -108,12 +109,12 @@ def _probe_bwrap(path: str) -> Optional[str]:
     return None if proc.returncode == 0 else (proc.stderr.strip() or f"exit {proc.returncode}")
 
 
-def _supports_size(path: str) -> bool:
+def _help(path: str) -> str:
     try:
         out = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
-        return False
-    return "--size" in out.stdout + out.stderr
+        return ""
+    return out.stdout + out.stderr
 
 
 def tmpfs_cap() -> int:
@@ -133,8 +134,9 @@ def detect(refresh: bool = False) -> SandboxInfo:
             info = SandboxInfo("none", None, "bubblewrap (bwrap) is not installed")
         else:
             err = _probe_bwrap(exe)
+            usage = _help(exe) if err is None else ""
             info = (SandboxInfo("bwrap", exe, f"bubblewrap {exe}: PID/network/IPC namespaces, read-only system",
-                                tmpfs_size=_supports_size(exe))
+                                tmpfs_size="--size" in usage, cap_drop="--cap-drop" in usage)
                     if err is None else
                     SandboxInfo("none", exe, f"bubblewrap is installed but cannot create namespaces here: {err}"))
     elif sys.platform == "darwin":
@@ -343,8 +345,10 @@ def build_command(argv: Sequence[str], *, mode: Literal["train", "eval"] = "trai
         for dev in gpu_devices():
             ops.append((depth(dev), 4, ["--dev-bind", dev, dev]))
 
+    # no capabilities: bwrap run by root keeps them all, and with CAP_SYS_ADMIN the sandboxed code could
+    # unmount the masks over the hidden paths (an unprivileged user's sandbox has none anyway)
     cmd = [info.executable, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
-           "--unshare-cgroup-try", "--die-with-parent", "--new-session",
+           "--unshare-cgroup-try", "--die-with-parent", "--new-session", *(["--cap-drop", "ALL"] if info.cap_drop else []),
            "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
     for _, _, op in sorted(ops, key=lambda t: (t[0], t[1])):
         cmd += op
@@ -467,15 +471,15 @@ def copy_regular_file(src: os.PathLike | str, dest: os.PathLike | str, max_bytes
         os.close(fd)
 
 
-def make_eval_dir(files: Mapping[str, bytes], model_src: os.PathLike | str, base: os.PathLike | str) -> EvalDir:
+def evaluator_dir(files: Mapping[str, bytes], base: os.PathLike | str, prefix: str = "loopwright-eval-") -> Path:
     """A fresh 0700 directory inside `base` (the state dir's eval/: never a shared temp dir, where any
     process of the agent's user can swap the pinned prepare.py -- red team R11b) holding the pinned
-    evaluator files and a hashed private copy of the model. `files` maps names (prepare.py, its siblings
-    evaluate.py and pt2audit.py, loopwright.toml) to their pinned bytes."""
+    evaluator files and an empty data/ (the mount point for the data files). `files` maps names
+    (prepare.py, its siblings evaluate.py and pt2audit.py, loopwright.toml) to their pinned bytes."""
     base = Path(base)
     base.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(base, 0o700)
-    path = Path(tempfile.mkdtemp(prefix="loopwright-eval-", dir=base))
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
     os.chmod(path, 0o700)
     try:
         for name, data in files.items():
@@ -484,7 +488,17 @@ def make_eval_dir(files: Mapping[str, bytes], model_src: os.PathLike | str, base
             fd = os.open(path / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
-        (path / "data").mkdir(mode=0o700)   # mount point for the data files
+        (path / "data").mkdir(mode=0o700)
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
+    return path
+
+
+def make_eval_dir(files: Mapping[str, bytes], model_src: os.PathLike | str, base: os.PathLike | str) -> EvalDir:
+    """evaluator_dir() plus a hashed private copy of the model (model.pt2): one evaluation's directory."""
+    path = evaluator_dir(files, base)
+    try:
         model = path / "model.pt2"
         digest, size = copy_regular_file(model_src, model)
     except BaseException:
@@ -496,30 +510,38 @@ def make_eval_dir(files: Mapping[str, bytes], model_src: os.PathLike | str, base
 EVALUATOR_CHANGED_EXIT = 86   # the bootstrap's exit code when an evaluator file is not the pinned bytes
 
 
-def eval_bootstrap(script: os.PathLike | str, argv: Sequence[str], site: Sequence[str], sha256: str,
-                   siblings: Optional[Mapping[str, str]] = None) -> str:
-    """Code for `python -I -S -c`: the interpreter's own library dirs first, the site-packages dirs
-    (torch, numpy) appended LAST, no .pth processing (-S), no cwd/script dir/PYTHONPATH/user site (-I):
-    a json.py or .pth planted in site-packages cannot shadow the stdlib or run at start-up. The script
-    is read once, its bytes checked against `sha256` (the pinned blob's) and exactly those bytes run:
-    what ran is what was pinned, whoever could write the file meanwhile. `siblings` ({path: sha256}:
-    evaluate.py, pt2audit.py) are read and checked the same way, before anything runs, and handed to the
-    script as _PINNED_SOURCES ({module name: bytes}; prepare.sibling loads nothing else, not from disk)."""
-    main = os.fspath(script)
-    files = {main: sha256, **{os.fspath(p): digest for p, digest in (siblings or {}).items()}}
+def pinned_sources_code(files: Mapping[str, str], site: Sequence[str]) -> str:
+    """The start of every evaluator bootstrap (for `python -I -S -c`): the interpreter's own library dirs
+    first, the site-packages dirs (torch, numpy) appended LAST, no .pth processing (-S), no cwd/script
+    dir/PYTHONPATH/user site (-I): a json.py or .pth planted in site-packages cannot shadow the stdlib or
+    run at start-up. Each of `files` ({path: sha256}) is read once and its bytes checked against the
+    pinned digest, before anything runs; a mismatch exits EVALUATOR_CHANGED_EXIT. Leaves the checked
+    bytes in `srcs` ({path: bytes}): what runs is exactly what was pinned, whoever could write the files
+    meanwhile."""
     return ("import sys\n"
             "sys.path[:] = [p for p in sys.path if p and p != '.'] + "
             f"[p for p in {list(site)!r} if p not in sys.path]\n"
             "import hashlib, types\n"
             "srcs = {}\n"
-            f"for path, want in {files!r}.items():\n"
+            f"for path, want in {dict(files)!r}.items():\n"
             "    src = open(path, 'rb').read()\n"
             "    got = hashlib.sha256(src).hexdigest()\n"
             "    if got != want:\n"
             "        sys.stderr.write('the evaluator file ' + path + ' is not the pinned ' + path.rsplit('/', 1)[-1]"
             " + ' (sha256 ' + got + '): refused\\n')\n"
             f"        sys.exit({EVALUATOR_CHANGED_EXIT})\n"
-            "    srcs[path] = src\n"
+            "    srcs[path] = src\n")
+
+
+def eval_bootstrap(script: os.PathLike | str, argv: Sequence[str], site: Sequence[str], sha256: str,
+                   siblings: Optional[Mapping[str, str]] = None) -> str:
+    """Code for `python -I -S -c`: pinned_sources_code() for the script and its `siblings` ({path:
+    sha256}: evaluate.py, pt2audit.py), then the script's checked bytes run as __main__ with `argv`; the
+    siblings' bytes are handed to it as _PINNED_SOURCES ({module name: bytes}; prepare.sibling loads
+    nothing else, not from disk)."""
+    main = os.fspath(script)
+    files = {main: sha256, **{os.fspath(p): digest for p, digest in (siblings or {}).items()}}
+    return (pinned_sources_code(files, site) +
             f"path = {main!r}\n"
             f"sys.argv = {[main, *argv]!r}\n"
             "m = types.ModuleType('__main__'); m.__file__ = path; m.__builtins__ = __builtins__\n"
@@ -631,13 +653,18 @@ def registered_corpora() -> list[Path]:
     from mcp_server.loop.workspace import RECORD_NAME, state_home
 
     out: list[Path] = []
+    seen: set[tuple[str, str]] = set()
     for rec in sorted((state_home() / "workspaces").glob(f"*/{RECORD_NAME}")):
         try:
             root = json.loads(rec.read_text()).get("root")
-            corpus = cfgmod.load_config(root).benchmark.corpus if root else ""
+            corpus = str(cfgmod.load_config(root).benchmark.corpus or "") if root else ""
         except Exception:  # noqa: BLE001 - a broken or moved workspace: it has no corpus we can name
             continue
-        out += _corpus_paths(str(corpus or ""), root)
+        # a named corpus once (stdlib-hidden's held-out modules: ~270 paths, the same for every workspace)
+        key = (corpus, "" if corpus in cfgmod.NAMED_CORPORA else str(root))
+        if key not in seen:
+            seen.add(key)
+            out += _corpus_paths(corpus, root)
     return out
 
 
@@ -654,11 +681,7 @@ def hidden_paths(ws=None) -> list[Path]:
     if ws is not None:
         paths += [Path(ws.state_dir), Path(ws.state_dir).parent, Path(ws.root) / ".loopwright",
                   Path(ws.root) / ".git", *corpus_sources(ws)]
-    out: list[Path] = []
-    for p in paths:
-        if Path(p) not in out:
-            out.append(Path(p))
-    return out
+    return list(dict.fromkeys(Path(p) for p in paths))   # each once, in order
 
 
 def python_inside(root: os.PathLike | str) -> Optional[str]:
@@ -699,19 +722,21 @@ def training_command(ws, argv: Sequence[str], *, view: os.PathLike | str, scratc
                          env=env, cwd=ws.root, info=info, workspace_entries=not sources)
 
 
-def evaluation_command(ws, argv: Sequence[str], *, eval_dir: EvalDir, data_dir: os.PathLike | str,
+def evaluation_command(ws, argv: Sequence[str], *, eval_dir: EvalDir | Path, data_dir: os.PathLike | str,
                        data_files: Iterable[str], extra_ro: Iterable[os.PathLike | str] = (),
                        info: Optional[SandboxInfo] = None) -> list[str]:
     """The evaluator's sandbox: CPU only, nothing writable, the workspace and state dir invisible; it
-    sees its private eval dir and the named data files (val, test, meta) in eval_dir/data."""
-    files = {str(eval_dir.path / "data" / n): Path(data_dir) / n for n in data_files
+    sees its private eval dir (an EvalDir, or the path of one made by evaluator_dir) and the named data
+    files (val, test, meta) in <eval dir>/data."""
+    box = eval_dir.path if isinstance(eval_dir, EvalDir) else Path(eval_dir)
+    files = {str(box / "data" / n): Path(data_dir) / n for n in data_files
              if (Path(data_dir) / n).is_file()}
     # eval_dir/data is an empty tmpfs in the sandbox: the mount points for the data files
     # the one policy (hidden_paths) too: a model's graph is agent-written code; its eval dir, inside the
     # hidden state dir, is shown again by name
-    hide = [*hidden_paths(ws), ws.root, eval_dir.path / "data"]
+    hide = [*hidden_paths(ws), ws.root, box / "data"]
     return build_command(argv, mode="eval", workspace=None, hide=hide,
-                         ro_binds=[eval_dir.path, *extra_ro], files=files, env={}, cwd=eval_dir.path, info=info)
+                         ro_binds=[box, *extra_ro], files=files, env={}, cwd=box, info=info)
 
 
 def scorer_command(ws, argv: Sequence[str], *, box: os.PathLike | str, info: Optional[SandboxInfo] = None) -> list[str]:

@@ -188,6 +188,29 @@ def test_hidden_data_and_the_ledger_are_invisible(box):
     assert all(v.startswith("ERR") for v in out.values()), out
 
 
+@needs_bwrap
+def test_no_capabilities_so_no_mask_can_be_unmounted(box):
+    """Red team (2026-12-07): run as root, bwrap kept every capability in the sandbox, and train.py could
+    umount2() the tmpfs over the state dir and read val.bin. No capability is left, whoever runs it."""
+    res = run_in_box(box, f"""
+        import ctypes, json, os
+        libc = ctypes.CDLL(None, use_errno=True)
+        cap = [l.split()[1] for l in open("/proc/self/status") if l.startswith("CapEff:")][0]
+        parts = {str(box['data'] / 'val.bin')!r}.split("/")
+        for _ in range(3):                                    # every mount above val.bin, the masks among them
+            for i in range(len(parts) - 1, 1, -1):
+                while libc.umount2("/".join(parts[:i]).encode(), 2) == 0:   # MNT_DETACH
+                    pass
+        try:
+            seen = open({str(box['data'] / 'val.bin')!r}).read()
+        except OSError as e:
+            seen = "ERR " + type(e).__name__
+        print(json.dumps({{"cap": cap, "val": seen}}))
+    """)
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert int(out["cap"], 16) == 0 and out["val"].startswith("ERR"), out
+
+
 def _stand_in_workspace(tmp_path, state_dir, corpus):
     """A workspace as the sandbox sees it: a .git, a train.py, the state dir's train view holding 'TRAIN'."""
     ws = tmp_path / "ws"

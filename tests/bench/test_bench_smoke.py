@@ -56,6 +56,7 @@ EXPECT = {
     "bench_sandbox.py": '"compute_probe"',
     "clock_load.py": "cpu: steps [",
     "dashboard.py": "stalled SSE clients",
+    "eval_cost.py": "val_bpb of each seed identical in both modes: True",
     "noise.py": "paired d",
     "pairs.py": "exact, known sigma_d (adaptive-3)",
     "screen.py": "| `LR=0.012` |",
