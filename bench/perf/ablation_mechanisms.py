@@ -21,8 +21,9 @@ The figure of merit is the Bilevel Autoresearch one: Δ = best − baseline val_
 at the end of the campaign (negative = improvement; 0 when nothing was kept),
 reported as mean ± SD over repeats.
 
-By default training is bounded by a step count (MAX_STEPS, written into the
-benchmark copy and not tunable by the agent) as well as by the time budget, so
+By default training is bounded by a step count (MAX_STEPS 80 at the bundled
+batch of 12, written into the benchmark copy and not tunable by the agent: past
+v2's 20-step warm-up, with its decay to the end) as well as by the time budget, so
 that an outcome does not depend on how busy this shared machine is (the time
 budget, 60 s, is then only a cap), and the copy trains on one torch thread
 (two threads thrash when other jobs share the 2 cores). Pass --steps 0
@@ -43,6 +44,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from mcp_server.agents.builtin import Planner, run_builtin, set_constant  # noqa: E402
+from mcp_server.loop.sequential import t_quantile  # noqa: E402
 from mcp_server.loop.setup import init_workspace  # noqa: E402
 from mcp_server.loop.workspace import bench_source_dir  # noqa: E402
 
@@ -108,8 +110,12 @@ def campaign(tmp: Path, args, mechanisms: bool, repeat: int) -> dict:
     return out
 
 
+Z80 = 0.8416   # the standard normal's 80th percentile: 80 % power
+
+
 def paired_stats(diffs: list[float]) -> dict:
-    """Mean, SD, 95 % t-interval, t statistic and exact two-sided sign-flip p-value of paired differences."""
+    """Mean, SD, 95 % t-interval, t statistic, exact two-sided sign-flip p-value of paired differences, and the
+    minimum detectable difference (mde: 80 % power, two-sided 5 %) at their SD and number."""
     import itertools
     import math
 
@@ -118,10 +124,12 @@ def paired_stats(diffs: list[float]) -> dict:
     if n < 2:
         return out
     sd = statistics.stdev(diffs)
-    t975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
-            10: 2.228, 11: 2.201, 12: 2.179, 14: 2.145, 19: 2.093}.get(n - 1, 1.96)
+    t975 = t_quantile(0.025, n - 1)
     half = t975 * sd / math.sqrt(n)
     out.update(sd=sd, ci=(out["mean"] - half, out["mean"] + half),
+               # the power: the smallest true mean difference this many pairs of this spread detect 80 % of
+               # the time in a two-sided 5 % test, (t_0.975 + z_0.8) * sd / sqrt(n)
+               mde=(t975 + Z80) * sd / math.sqrt(n),
                # no spread: t is 0 for identical pairs, ±inf for a constant nonzero difference
                t=out["mean"] / (sd / math.sqrt(n)) if sd > 0 else 0.0 if out["mean"] == 0 else
                math.copysign(math.inf, out["mean"]))
@@ -148,7 +156,8 @@ def fmt_paired(st: dict) -> str:
         return f"{st['mean']:+.4f} (1 pair, no test)"
     p = f", p = {st['p_signflip']:.3f}" if "p_signflip" in st else ""
     same = " (every pair identical)" if st["sd"] == 0 and st["mean"] == 0 else ""
-    return f"{st['mean']:+.4f} [{st['ci'][0]:+.4f}, {st['ci'][1]:+.4f}], t = {st['t']:.2f}{p}{same}"
+    return (f"{st['mean']:+.4f} [{st['ci'][0]:+.4f}, {st['ci'][1]:+.4f}], t = {st['t']:.2f}{p}{same}, "
+            f"MDE {st['mde']:.4f}")
 
 
 def summarise(runs: list[dict]) -> str:
@@ -169,7 +178,8 @@ def summarise(runs: list[dict]) -> str:
         lines += ["", f"Paired over {st['n']} campaign pairs (same agent seed): Δ(mechanisms) − Δ(plain) = "
                       f"{st['mean']:+.4f} ± {st['sd']:.4f} (SD), 95 % CI [{st['ci'][0]:+.4f}, {st['ci'][1]:+.4f}], "
                       f"t = {st['t']:.2f}" + (f", sign-flip p = {st['p_signflip']:.3f}" if "p_signflip" in st else "")
-                      + " (negative = the mechanisms found more)."]
+                      + f" (negative = the mechanisms found more); minimum detectable difference {st['mde']:.4f} "
+                      "(80 % power, two-sided 5 %)."]
     elif st["n"] == 1:
         lines += ["", f"One campaign pair only: Δ(mechanisms) − Δ(plain) = {st['mean']:+.4f} (no test possible)."]
     return "\n".join(lines)
@@ -183,8 +193,10 @@ def planner(args, seed: int) -> Planner:
 def add_campaign_args(p: argparse.ArgumentParser) -> None:
     """The benchmark-copy and campaign options both ablations take."""
     p.add_argument("--time-budget", type=float, default=60.0, help="training seconds per experiment (a cap)")
-    p.add_argument("--steps", type=int, default=20, help="MAX_STEPS of the benchmark copy (0 = time-bounded)")
-    p.add_argument("--batch", type=int, default=8, help="starting BATCH_SIZE of the benchmark copy")
+    # 80 steps of v2's batch 12: past its 20-step warm-up with 60 steps of decay (the demo runs 160); at v1's 20
+    # steps v2 would never leave its warm-up
+    p.add_argument("--steps", type=int, default=80, help="MAX_STEPS of the benchmark copy (0 = time-bounded)")
+    p.add_argument("--batch", type=int, default=0, help="starting BATCH_SIZE of the benchmark copy (0 = as written)")
     p.add_argument("--threads", type=int, default=1, help="torch threads of the benchmark copy (0 = as written)")
     p.add_argument("--eval-tokens", type=int, default=8192)
     p.add_argument("--baseline-seeds", type=int, default=2)
@@ -211,15 +223,30 @@ def apply_tiny(args, tmp: Path) -> None:
         args.corpus = str(tiny.tiny_corpus(tmp / "corpus"))
 
 
+def source_commit() -> str:
+    """The commit this script runs from ("+dirty" with uncommitted changes; "unknown" outside git)."""
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
 def run_arms(tmp: Path, args, arms, campaign, runs: list, extra=None) -> None:
     """args.repeats rounds of one campaign per arm, interleaved, numbered from args.first_repeat; figures
-    saved after each (--out), with extra(runs) (a dict: summaries so far) merged into the JSON."""
+    saved after each (--out), with the commit, and extra(runs) (a dict: summaries so far) merged into the JSON."""
+    commit = source_commit()
     try:
         for r in range(args.first_repeat, args.first_repeat + args.repeats):
             for arm in arms:
                 runs.append(campaign(tmp, args, arm, r))
                 if args.out:
-                    doc = {"args": {k: str(v) for k, v in vars(args).items()}, "runs": runs}
+                    doc = {"args": {k: str(v) for k, v in vars(args).items()}, "commit": commit, "runs": runs}
                     doc.update(extra(runs) if extra else {})
                     tmp_out = args.out.with_name(args.out.name + ".tmp")
                     tmp_out.write_text(json.dumps(doc, indent=2))

@@ -96,6 +96,8 @@ def campaign(tmp: Path, args, arm: str, repeat: int) -> dict:
            "delta": None if base is None or best is None else best - base, "kept": res.kept,
            "crashed": sum(a.status != "ok" for a in res.attempts), "experiments": len(res.attempts),
            "trials": [{"name": t["name"], "outcome": t["outcome"], "reason": t["reason"]} for t in trials],
+           "attempts": [{"description": a.description, "status": a.status, "verdict": a.verdict,
+                         "val_bpb": a.val_bpb} for a in res.attempts],
            "stopped": res.stopped_because, "seconds": round(time.monotonic() - t0, 1)}
     print(f"  {tag}: Δ {out['delta'] if out['delta'] is not None else float('nan'):+.4f}, kept {out['kept']}, "
           f"crashed {out['crashed']}, trials {[(t['name'], t['outcome']) for t in out['trials']]}, "
@@ -135,7 +137,7 @@ def comparisons(runs: list[dict]) -> dict:
 
 def summarise(runs: list[dict]) -> str:
     cmp = comparisons(runs)["paired"]
-    lines = ["| Method | Δ val_bpb (best − baseline), mean ± SD | paired Δ − Δ(fixed): mean [95 % CI], t, sign-flip p | "
+    lines = ["| Method | Δ val_bpb (best − baseline), mean ± SD | paired Δ − Δ(fixed): mean [95 % CI], t, sign-flip p, MDE | "
              "kept / campaign | mechanism trials (kept / reverted) | campaigns |", "|---|---|---|---|---|---|"]
     for arm, label in ARMS:
         rs = [r for r in runs if r["arm"] == arm and r["delta"] is not None]
@@ -148,7 +150,8 @@ def summarise(runs: list[dict]) -> str:
                      f"{statistics.fmean(r['kept'] for r in rs):.1f} | "
                      f"{f'{kept_t} / {rev_t}' if arm == 'outer' else '—'} | {len(rs)} |")
     lines += ["", "Paired over repeats (same agent seed); sign: none − fixed > 0 = the fixed mechanisms found more, "
-              "outer − fixed < 0 = the outer loop found more.",
+              "outer − fixed < 0 = the outer loop found more. MDE: the smallest true difference these pairs "
+              "detect with 80 % power (two-sided 5 %), (t_0.975 + 0.84) · SD / √pairs.",
               "", "| repeat | Δ none | Δ fixed | Δ outer | none − fixed | outer − fixed | outer trials |",
               "|---|---|---|---|---|---|---|"]
 
@@ -174,7 +177,8 @@ def summarise_files(paths: list[Path], out: Path | None) -> int:
         raise SystemExit("the files hold the same arm and repeat twice: pass each campaign once")
     print(summarise(runs))
     if out:
-        out.write_text(json.dumps({"args": docs[0]["args"], "from": [str(f) for f in paths], "runs": runs,
+        out.write_text(json.dumps({"args": docs[0]["args"], "from": [str(f) for f in paths],
+                                   "commits": sorted({d.get("commit", "unknown") for d in docs}), "runs": runs,
                                    **comparisons(runs)}, indent=2))
     return 0
 

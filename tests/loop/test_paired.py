@@ -250,6 +250,31 @@ def test_ablation_paired_statistics():
     assert st["p_signflip"] == 1.0 and st["mean"] == 0.0
 
 
+def test_ablation_states_its_power_and_its_t_interval_at_any_number_of_pairs():
+    """The minimum detectable difference (80 % power, two-sided 5 %) is (t_0.975 + z_0.8) sd / sqrt(n); the
+    interval's t comes from Student's t at n - 1 dof for every n (a table once fell back to 1.96 at 14 pairs)."""
+    import importlib.util
+    import math
+    import statistics
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "ablation", Path(__file__).resolve().parents[2] / "bench" / "perf" / "ablation_mechanisms.py")
+    ab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ab)
+    diffs = [0.03, -0.05, 0.01, 0.08, -0.02, 0.04, -0.06, 0.02]
+    st = ab.paired_stats(diffs)
+    sd = statistics.stdev(diffs)
+    assert st["mde"] == pytest.approx((2.3646 + 0.8416) * sd / math.sqrt(8), rel=1e-3)
+    assert st["ci"][1] - st["mean"] == pytest.approx(2.3646 * sd / math.sqrt(8), rel=1e-3)
+    assert "MDE " in ab.fmt_paired(st)
+    # twice the spread, twice the MDE; four times the pairs, about half of it
+    assert ab.paired_stats([2 * d for d in diffs])["mde"] == pytest.approx(2 * st["mde"])
+    assert ab.paired_stats(diffs * 4)["mde"] < 0.6 * st["mde"]
+    st14 = ab.paired_stats(diffs + diffs[:6])
+    assert st14["ci"][1] - st14["mean"] == pytest.approx(2.1604 * st14["sd"] / math.sqrt(14), rel=1e-3)
+
+
 def test_ablation_pairs_campaigns_by_repeat_and_formats_the_test():
     import importlib.util
     import math
