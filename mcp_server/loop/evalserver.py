@@ -288,9 +288,8 @@ class Server:
         def keep() -> None:
             try:
                 box["proc"] = subprocess.Popen(
-                    self.cmd, cwd=self.dir, env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                    stderr=self._log, start_new_session=True,
-                    preexec_fn=sandbox.limits(sandbox.default_memory_limit()))
+                    sandbox.limited(self.cmd, sandbox.default_memory_limit()), cwd=self.dir, env=self.env,
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, start_new_session=True)
             except BaseException as e:  # noqa: BLE001 - handed to the caller
                 box["error"] = e
             started.set()

@@ -419,11 +419,11 @@ def _sandboxed(ws: Workspace, cmd: list[str], env: dict[str, str], run_dir: Path
     t0 = time.monotonic()
     lines: list[str] = []
     with open(log_path, "w", encoding="utf-8", buffering=1) as log:
-        proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _REAPER, *cmd], cwd=ws.root, env=env,
+        reaped = [sys.executable, "-I", "-S", "-c", _REAPER, *cmd]
+        proc = subprocess.Popen(sandbox.limited(reaped, memory, gpu=sandbox.gpu_visible(env)), cwd=ws.root, env=env,
                                 stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-                                start_new_session=True, bufsize=1,
-                                preexec_fn=sandbox.limits(memory, gpu=sandbox.gpu_visible(env)))
+                                start_new_session=True, bufsize=1)
         (run_dir / "train.pid").write_text(str(proc.pid))
 
         def pump() -> None:
@@ -644,9 +644,9 @@ def _evaluate_target(ws: Workspace, pinned: Optional[str], run_dir: Path, output
         cmd = sandbox.scorer_command(ws, targets.argv(t.evaluate, python), box=box, info=info)
         timeout = max(60.0, t.time_budget * 4)
         try:
-            proc = subprocess.run(cmd, cwd=box, env=env, capture_output=True, text=True, errors="replace",
-                                  timeout=timeout, start_new_session=True, stdin=subprocess.DEVNULL,
-                                  preexec_fn=sandbox.limits(sandbox.default_memory_limit()))
+            limited = sandbox.limited(cmd, sandbox.default_memory_limit())
+            proc = subprocess.run(limited, cwd=box, env=env, capture_output=True, text=True, errors="replace",
+                                  timeout=timeout, start_new_session=True, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
             return EvalResult(False, f"the evaluator `{t.evaluate}` ran over {timeout:.0f} s",
                               wall_seconds=time.monotonic() - t0, model_sha256=digest)
@@ -750,9 +750,9 @@ def _evaluate_once(ws: Workspace, files: dict[str, bytes], model_path: Path, non
         cmd = sandbox.evaluation_command(ws, [python, "-I", "-S", "-c", code], eval_dir=box,
                                          data_dir=ws.data_dir, data_files=EVAL_DATA_FILES, info=info)
         try:
-            proc = subprocess.run(cmd, cwd=box.path, env=clean_env({}), capture_output=True, text=True,
-                                  errors="replace", timeout=timeout, start_new_session=True,
-                                  preexec_fn=sandbox.limits(sandbox.default_memory_limit()))
+            limited = sandbox.limited(cmd, sandbox.default_memory_limit())
+            proc = subprocess.run(limited, cwd=box.path, env=clean_env({}), capture_output=True, text=True,
+                                  errors="replace", timeout=timeout, start_new_session=True)
         except subprocess.TimeoutExpired:
             return evalserver.EvalRun(None, "", "", box.model_sha256)
     finally:

@@ -41,7 +41,6 @@ import glob
 import hashlib
 import json
 import os
-import resource
 import shutil
 import stat
 import subprocess
@@ -50,7 +49,7 @@ import sysconfig
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Literal, Mapping, Optional, Sequence
+from typing import Iterable, Literal, Mapping, Optional, Sequence
 
 UNSAFE_ENV = "LOOPWRIGHT_UNSAFE_NO_SANDBOX"
 MAX_MODEL_BYTES = 64 << 30   # a model file bigger than this is refused (disk-filling attack)
@@ -389,16 +388,37 @@ def _sandbox_exec_command(argv, ro_binds, rw_binds, scratch, files, workspace, h
     return [info.executable, "-p", "\n".join(lines), "--"] + list(argv)
 
 
-def limits(memory_bytes: Optional[int], gpu: bool = False) -> Callable[[], None]:
-    """preexec_fn for Popen: address-space and core-dump limits, inherited by bwrap and everything in it.
-    No RLIMIT_AS when a GPU is visible (CUDA maps far more virtual memory than it uses)."""
-    def apply() -> None:
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+# Limits are set by a small exec wrapper, not a Popen preexec_fn: with a preexec_fn CPython fork()s, and the
+# child runs every pthread_atfork handler of the parent (under Ray, gRPC's aborted a gate's process); without
+# one it vfork()s and runs none. The wrapper exec()s the command, so its pid is the command's.
+_LIMITS_EXEC = """\
+import os, resource, sys
+for spec in filter(None, sys.argv[1].split(",")):
+    name, soft, hard = spec.split(":")
+    resource.setrlimit(getattr(resource, "RLIMIT_" + name), (int(soft), int(hard)))
+try:
+    os.execvp(sys.argv[2], sys.argv[2:])
+except OSError as e:
+    sys.stderr.write("loopwright: cannot run %s: %s\\n" % (sys.argv[2], e))
+    os._exit(127)
+"""
+
+
+def limited(cmd: Sequence[str], memory_bytes: Optional[int], gpu: bool = False,
+            **extra: tuple[int, int]) -> list[str]:
+    """`cmd` under address-space, core-dump and file-size limits, inherited by bwrap and everything in it.
+    No RLIMIT_AS when a GPU is visible (CUDA maps far more virtual memory than it uses). `extra` adds or
+    replaces limits by resource name: CPU=(soft, hard), NOFILE=(32, 32), ..."""
+    specs: dict[str, tuple[int, int]] = {
+        "CORE": (0, 0),
         # no single file bigger than the biggest model we accept (disk-filling from the scratch dir)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (MAX_MODEL_BYTES, MAX_MODEL_BYTES))
-        if memory_bytes and not gpu:
-            resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
-    return apply
+        "FSIZE": (MAX_MODEL_BYTES, MAX_MODEL_BYTES),
+    }
+    if memory_bytes and not gpu:
+        specs["AS"] = (memory_bytes, memory_bytes)
+    specs.update(extra)
+    spec = ",".join(f"{name}:{soft}:{hard}" for name, (soft, hard) in specs.items())
+    return [sys.executable, "-I", "-S", "-c", _LIMITS_EXEC, spec, *cmd]
 
 
 def default_memory_limit() -> Optional[int]:

@@ -28,7 +28,6 @@ import importlib.util
 import json
 import math
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -184,13 +183,10 @@ def static_problems(code: str) -> list[str]:
 
 # --------------------------------------------------------------------------- the sandbox
 
-def _limits(memory_mb: int, cpu_s: int) -> None:   # runs in the child between fork and exec
-    os.setsid()
-    resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (32, 32))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+def _limited(argv: list[str], memory_mb: int, cpu_s: int) -> list[str]:
+    """`argv` with the mechanism's limits: its memory, CPU seconds, no file writes, few descriptors."""
+    from mcp_server.loop import sandbox as sb  # lazily, as isolation() does
+    return sb.limited(argv, memory_mb << 20, CPU=(cpu_s, cpu_s + 1), FSIZE=(0, 0), NOFILE=(32, 32))
 
 
 def _works(argv: list[str]) -> bool:
@@ -251,9 +247,9 @@ def run_sandboxed(name: str, code: str, cases: list[dict], deadline_s: float,
     argv = [*prefix, sys.executable, "-I", "-c", _child_code()]
     payload = json.dumps({"name": name, "code": code, "cases": cases}).encode()
     t0 = time.monotonic()
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, cwd="/",
-                            preexec_fn=lambda: _limits(memory_mb, max(1, math.ceil(deadline_s))))
+    proc = subprocess.Popen(_limited(argv, memory_mb, max(1, math.ceil(deadline_s))), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, cwd="/", start_new_session=True)
     timed_out = False
     try:
         out, err = proc.communicate(payload, timeout=deadline_s)

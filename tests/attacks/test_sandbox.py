@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import resource
 import socket
 import subprocess
 import sys
@@ -319,9 +320,37 @@ def test_memory_limit_is_enforced_from_outside(box):
     script.write_text(textwrap.dedent(code))
     cmd = sandbox.build_command([sys.executable, str(script)], workspace=box["ws"], hide=[box["state"]],
                                 ro_binds=[script], env={"CUDA_VISIBLE_DEVICES": ""})
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=60,
-                         preexec_fn=sandbox.limits(1 << 30, gpu=False))
+    res = subprocess.run(sandbox.limited(cmd, 1 << 30, gpu=False), capture_output=True, text=True, timeout=60)
     assert "MemoryError" in res.stdout, res.stdout + res.stderr
+
+
+def test_limits_wrapper_sets_them_keeps_the_pid_and_runs_no_fork_handlers(tmp_path):
+    """sandbox.limited() applies the limits by exec, not by a preexec_fn: the child is the command itself (its
+    pid is Popen's), and no at-fork handler of this process runs in it (gRPC's aborted a gate under Ray)."""
+    marker = tmp_path / "forked"
+    probe = ("import os, resource, sys; print(os.getpid(), *resource.getrlimit(resource.RLIMIT_AS), "
+             "*resource.getrlimit(resource.RLIMIT_CORE), *resource.getrlimit(resource.RLIMIT_CPU))")
+    # in a fresh interpreter, so that the at-fork handler does not outlive the test
+    parent = textwrap.dedent(f"""
+        import os, subprocess, sys
+        from mcp_server.loop import sandbox
+        os.register_at_fork(after_in_child=lambda: open({str(marker)!r}, "w").write("ran"))
+        proc = subprocess.Popen(sandbox.limited([sys.executable, "-c", {probe!r}], 3 << 30, CPU=(50, 51)),
+                                stdout=subprocess.PIPE, text=True)
+        print(proc.pid, proc.communicate(timeout=60)[0].strip())
+    """)
+    res = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    popen_pid, pid, as_soft, as_hard, core_soft, core_hard, cpu_soft, cpu_hard = map(int, res.stdout.split())
+    assert pid == popen_pid
+    assert (as_soft, as_hard, core_soft, core_hard, cpu_soft, cpu_hard) == (3 << 30, 3 << 30, 0, 0, 50, 51)
+    assert not marker.exists()
+    gpu = subprocess.run(sandbox.limited([sys.executable, "-c", probe], 3 << 30, gpu=True),
+                         capture_output=True, text=True, timeout=60)
+    assert int(gpu.stdout.split()[1]) == resource.getrlimit(resource.RLIMIT_AS)[0]   # CUDA maps more than it uses
+    missing = subprocess.run(sandbox.limited(["/nonexistent/tool"], None), capture_output=True, text=True,
+                             timeout=60)
+    assert missing.returncode == 127 and "cannot run /nonexistent/tool" in missing.stderr
 
 
 # --------------------------------------------------------------------------- the evaluator's inputs

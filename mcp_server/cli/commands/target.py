@@ -377,9 +377,9 @@ def _check_hidden(ws, lock: dict, tree: dict[str, bytes], probe_dir: Path, info,
     cmd = sandbox.training_command(ws, [sys.executable, "-I", "-c", PROBE, *paths], view=view, scratch=scratch,
                                    env=env, info=info, sources=copies)
     try:
-        proc = subprocess.run(cmd, cwd=ws.root, env=env, capture_output=True, text=True, timeout=60,
-                              stdin=subprocess.DEVNULL, start_new_session=True,
-                              preexec_fn=sandbox.limits(sandbox.default_memory_limit()))
+        proc = subprocess.run(sandbox.limited(cmd, sandbox.default_memory_limit()), cwd=ws.root, env=env,
+                              capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+                              start_new_session=True)
     except subprocess.TimeoutExpired:
         rep.line(False, "hidden files", "the probe ran over 60 s in the sandbox; is the machine overloaded?")
         return
