@@ -43,7 +43,7 @@ DEMO_EVAL_TOKENS = 8192
 DEMO_BASELINE_SEEDS = 2
 DEMO_EXPERIMENTS = 4
 DEMO_MIN_EXPERIMENTS = 4   # run whatever the load: a wall-clock cap (--minutes) stops only later ones
-RUN_OVERHEAD_S = 10.0      # start-up, export and evaluation of one run on a quiet 2-core CPU
+RUN_OVERHEAD_S = 4.0       # start-up, export, evaluation (the warm evaluator) and the agent's step per run, quiet 2-core CPU
 STEPS_TOKENS_PER_S = 48_000   # v2's baseline on the steps clock, quiet 2-core CPU (491,520 tokens in ~10.2 s)
 REPORT_RESERVE_S = 10.0    # the report and shutdown, kept out of the experiments' time
 
@@ -269,7 +269,9 @@ def plan_line(cfg: Any, n: Optional[int], baseline: bool) -> str:
                 f"{cap} runs in all (budget.max_experiments counts runs)" if cap else
                 f"each experiment is {k} training run(s) of ~{per_run:.0f} s (one per seed)")
     runs = (k if baseline else 0) + k * n
-    most = (k if baseline else 0) + (k + 2) * n + k
+    # each retest is a pair on a fresh seed (the candidate and the best); the own-spread test allows one more
+    confirms = cfg.noise.max_confirms + (1 if cfg.noise.spread_alpha > 0 else 0)
+    most = (k if baseline else 0) + (k + 2 * confirms) * n + k
     return (f"plan: {'the baseline on ' + str(k) + ' seed(s), then ' if baseline else ''}{n} experiment(s) of {k} "
             f"training run(s) each: ~{runs} runs (up to {most} with confirm runs), ~{runs * per_run / 60:.0f} min "
             f"on a quiet 2-core CPU ({training} + ~{RUN_OVERHEAD_S:.0f} s per run); a busy machine "
