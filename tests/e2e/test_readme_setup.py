@@ -26,7 +26,13 @@ def test_readme_setup_and_plugin_order_agree_with_the_code():
 
     demo, tests = re.findall(r"```bash\n(.*?)\n```", section("Set up"), re.S)[:2]
     assert demo.endswith("loopwright demo") and "download.pytorch.org/whl/cpu" in demo
-    assert '".[dev]"' in tests and tests.endswith("python -m pytest -q")
+    # the README's test command runs pytest as CI does (.ci/run: the same workers and distribution)
+    readme_pytest = tests.rsplit("&& ", 1)[-1]
+    ci_pytest = next(line for line in (repo / ".ci" / "run").read_text().splitlines()
+                     if line.startswith("python3 -m pytest"))
+    assert '".[dev]"' in tests and readme_pytest.startswith("python -m pytest -q")
+    assert set(readme_pytest.split()[3:]) <= set(ci_pytest.split()[3:]), (readme_pytest, ci_pytest)
+    assert "-n 2" in readme_pytest and "-n 2" in ci_pytest
     dev = tomllib.loads((repo / "pyproject.toml").read_text())["project"]["optional-dependencies"]["dev"]
     assert any(d.startswith("ray[client]") for d in dev)       # tests/executors/test_ray_cluster.py connects by ray://
     for needed in ("Python ≥ 3.10", "bubblewrap socat", "python -m pytest -m unit -q"):
