@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -202,7 +203,7 @@ def test_fastsum_campaign_keeps_and_the_keep_replays(tmp_path):
     with Workspace.open(ws_dir).ledger() as led:
         c = led.campaign()
         kept = [e for e in led.experiments(c["id"]) if e["verdict"] == "keep"]
-    assert kept, r.stdout      # SEGMENT 16 -> 32 is ~40 % faster (bench/targets/fastsum/program.md)
+    assert kept, r.stdout      # SEGMENT x2 and CACHE x2 are each 30-45 % faster (bench/targets/fastsum/program.md)
     r = cli("replay", "--seeds", "3", "--json", "-w", str(ws_dir))
     assert r.returncode in (0, 1), r.stdout + r.stderr    # 1: a keep did not hold on every fresh seed
     out = json.loads(r.stdout)
@@ -218,7 +219,11 @@ def test_fastsum_campaign_keeps_and_the_keep_replays(tmp_path):
     status = cli("status", "-w", str(ws_dir))
     assert status.returncode == 0 and "target fastsum" in status.stdout and "cpu_seconds" in status.stdout
     patch = cli("target", "patch", "-w", str(ws_dir))    # the result, carried back to the user's repository
-    assert patch.returncode == 0 and "--- a/solution.py" in patch.stdout and "\n+SEGMENT = " in patch.stdout
+    # the kept constants, whichever they are (under load SEGMENT 16 -> 32 may miss its bar and CACHE be kept)
+    names = {m.group(1) for e in kept if (m := re.match(r"([A-Z_][A-Z0-9_]*) \S+ -> ", e["description"]))}
+    assert names, [e["description"] for e in kept]
+    assert patch.returncode == 0 and "--- a/solution.py" in patch.stdout, patch.stdout + patch.stderr
+    assert all(f"\n+{name} = " in patch.stdout for name in names), (names, patch.stdout)
     copy = tmp_path / "mine"
     shutil.copytree(bundled_targets()["fastsum"], copy)
     applied = subprocess.run(["git", "apply", "-"], input=patch.stdout, text=True, cwd=copy, capture_output=True)
