@@ -273,8 +273,9 @@ def plan_line(cfg: Any, n: Optional[int], baseline: bool) -> str:
     confirms = cfg.noise.max_confirms + (1 if cfg.noise.spread_alpha > 0 else 0)
     most = (k if baseline else 0) + (k + 2 * confirms) * n + k
     return (f"plan: {'the baseline on ' + str(k) + ' seed(s), then ' if baseline else ''}{n} experiment(s) of {k} "
-            f"training run(s) each: ~{runs} runs (up to {most} with confirm runs), ~{runs * per_run / 60:.0f} min "
-            f"on a quiet 2-core CPU ({training} + ~{RUN_OVERHEAD_S:.0f} s per run); a busy machine "
+            f"training run(s) each: ~{runs} runs, ~{runs * per_run / 60:.0f} min (up to {most} runs, "
+            f"~{most * per_run / 60:.0f} min, with confirm runs) on a quiet 2-core CPU ({training} + "
+            f"~{RUN_OVERHEAD_S:.0f} s per run); a busy machine "
             "takes longer in wall time and runs the same work")
 
 

@@ -190,11 +190,11 @@ def test_the_plan_line_counts_a_steps_clock_run_in_tokens_not_the_time_budget():
     line = plan_line(cfg, 4, baseline=True)
     assert f"s to train {DEMO_BUDGET_TOKENS:,} tokens" in line and "30 s of training" not in line
     # 2 baseline runs + 4 x 2; at most, every experiment retested max_confirms times (a pair each), plus a re-measure
-    assert f"~10 runs (up to {2 + 4 * (2 + 2 * cfg.noise.max_confirms) + 2} with confirm runs)" in line
+    assert f"~10 runs, ~2 min (up to {2 + 4 * (2 + 2 * cfg.noise.max_confirms) + 2} runs, " in line
     overrides = demo_overrides(4)
     overrides["noise"] = {**overrides["noise"], "spread_alpha": 0.015}
     strict = LoopwrightConfig.model_validate(overrides)
-    assert f"(up to {2 + 4 * (2 + 2 * (strict.noise.max_confirms + 1)) + 2} with confirm runs)" in plan_line(
+    assert f"(up to {2 + 4 * (2 + 2 * (strict.noise.max_confirms + 1)) + 2} runs, " in plan_line(
         strict, 4, baseline=True)      # the own-spread test allows one retest more
     cpu = LoopwrightConfig.model_validate({"benchmark": {"clock": "cpu", "time_budget": 45}})
     assert "45 s of training" in plan_line(cpu, 2, baseline=False)
