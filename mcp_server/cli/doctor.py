@@ -299,8 +299,22 @@ def run_cron_doctor(workspace: Optional[str]) -> int:
     return _print_checks(cron_checks(root))
 
 
+def _git_check() -> list[Check]:
+    path = shutil.which("git")
+    if path is None:
+        return [Check(False, "git is not on PATH (every workspace is a git repository)",
+                      "install git (Debian/Ubuntu: sudo apt-get install git; macOS: xcode-select --install)")]
+    try:
+        version = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError) as e:
+        return [Check(False, f"git at {path} does not run: {e}", "reinstall git")]
+    return [Check(True, f"{version} ({path})")]
+
+
 def run_doctor(workspace: Optional[str], skip_server: bool = False) -> int:
-    checks, root = _workspace_checks(workspace)
+    checks = _git_check()
+    more, root = _workspace_checks(workspace)
+    checks += more
     checks += _hook_checks(root, _state_dir(root))
     from mcp_server.agents.plugin import plugin_checks
 

@@ -27,7 +27,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping, Optional
 
-import git
+# GitPython refuses to be imported where no git is on PATH; `loopwright doctor` says that itself, in one line
+os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
+import git  # noqa: E402
 
 from mcp_server.common.facts import CLIENT_SANDBOX_PLACEHOLDERS
 

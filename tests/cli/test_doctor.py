@@ -159,6 +159,9 @@ def test_doctor_flags_the_checkout_plugin_when_loopwright_is_not_on_path(tmp_pat
     out = capsys.readouterr().out
     assert "✘ Claude Code: the loopwright plugin's MCP server launcher finds no loopwright" in out, out
     assert "loopwright plugin install" in out
+    # no git on that PATH either: one line that says so, not GitPython's ImportError (it passed only where
+    # another test had imported gitops first)
+    assert "✘ git is not on PATH" in out and "install git" in out, out
 
 
 @pytest.mark.unit
