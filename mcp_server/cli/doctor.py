@@ -177,11 +177,7 @@ def _client_checks() -> list[Check]:
         if not path:
             out.append(Check(True, f"{name} CLI not found (optional)", hint=hint))
             continue
-        try:
-            ver = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
-        except (OSError, subprocess.TimeoutExpired):
-            ver = "?"
-        out.append(Check(True, f"{name} CLI: {ver} ({path})"))
+        out.append(Check(True, f"{name} CLI: {_version(path) or '?'} ({path})"))
     try:
         import torch
 
@@ -299,15 +295,22 @@ def run_cron_doctor(workspace: Optional[str]) -> int:
     return _print_checks(cron_checks(root))
 
 
+def _version(path: str) -> Optional[str]:
+    """What `path --version` prints; None when it does not run."""
+    try:
+        return subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def _git_check() -> list[Check]:
     path = shutil.which("git")
     if path is None:
         return [Check(False, "git is not on PATH (every workspace is a git repository)",
                       "install git (Debian/Ubuntu: sudo apt-get install git; macOS: xcode-select --install)")]
-    try:
-        version = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError) as e:
-        return [Check(False, f"git at {path} does not run: {e}", "reinstall git")]
+    version = _version(path)
+    if version is None:
+        return [Check(False, f"git at {path} does not run", "reinstall git")]
     return [Check(True, f"{version} ({path})")]
 
 
