@@ -94,6 +94,22 @@ def test_the_sandbox_itself_blocks_writes_and_the_network():
                                     or "refused" in res.cases[0].error), res.cases[0].error
 
 
+def test_the_sandbox_limits_a_mechanisms_memory_descriptors_and_cpu():
+    """The limits the mechanism's process runs under (sandbox.limited): its memory (MEMORY_MB), 32 descriptors,
+    and CPU seconds by the deadline (a spin is stopped, not waited for)."""
+    case = [{"label": "x", "history": {}, "source": ""}]
+    code = "def advise(h, s):\n    b = bytearray(1 << 30)\n    return {}\n"
+    res = validate.run_sandboxed("m", code, case, 10)
+    assert not res.cases or not res.cases[0].ok, res
+    assert "MemoryError" in (res.cases[0].error if res.cases else res.stderr), res
+    code = "import os\ndef advise(h, s):\n    return {'note': str([os.dup(0) for _ in range(64)])}\n"
+    res = validate.run_sandboxed("f", code, case, 10)
+    assert res.cases and not res.cases[0].ok and "Too many open files" in res.cases[0].error, res
+    t0 = time.monotonic()
+    res = validate.run_sandboxed("spin", "def advise(h, s):\n    while True:\n        pass\n", case, 3)
+    assert res.timed_out and not any(c.ok for c in res.cases) and time.monotonic() - t0 < 30, res
+
+
 # --------------------------------------------------------------------------- trial logic (pure)
 
 def _obs(start: int, pattern: str, gain: float = 0.02, hours: float = 0.1) -> list[Obs]:
